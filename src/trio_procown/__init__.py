@@ -1,0 +1,53 @@
+"""Run external commands from Trio so that each invocation owns everything it
+starts, tears it all down within a bound, and leaves a receipt."""
+
+from ._census import COOKIE_VAR as COOKIE_VAR
+from ._command import CAPTURE as CAPTURE
+from ._command import DEVNULL as DEVNULL
+from ._command import STDOUT as STDOUT
+from ._command import OwnedCommand as OwnedCommand
+from ._command import OwnedResult as OwnedResult
+from ._command import open_owned_command as open_owned_command
+from ._command import run_owned as run_owned
+from ._domain import DomainUnavailable as DomainUnavailable
+from ._receipt import Action as Action
+from ._receipt import ProcessRecord as ProcessRecord
+from ._receipt import Receipt as Receipt
+from ._receipt import Step as Step
+from ._receipt import StreamRecord as StreamRecord
+from ._select import DomainOption as DomainOption
+from ._select import auto_choice as auto_choice
+from ._select import available_domains as available_domains
+from ._subreaper import enable_subreaper as enable_subreaper
+
+__all__ = [
+    "CAPTURE",
+    "COOKIE_VAR",
+    "DEVNULL",
+    "STDOUT",
+    "Action",
+    "DomainOption",
+    "DomainUnavailable",
+    "OwnedCommand",
+    "OwnedResult",
+    "ProcessRecord",
+    "Receipt",
+    "Step",
+    "StreamRecord",
+    "auto_choice",
+    "available_domains",
+    "enable_subreaper",
+    "open_owned_command",
+    "run_owned",
+]
+
+__version__ = "0.1.0"
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("trio_procown."):
+        try:
+            _obj.__module__ = "trio_procown"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

@@ -1,0 +1,635 @@
+# Owned commands: the lifecycle that every way out of the block shares.
+#
+# Theory of operation.
+#
+# open_owned_command() spawns the command into an ownership domain (a new
+# session / process group, or a cgroup) and opens a nursery that holds, for
+# the whole lifecycle, the single drain of each output pipe, the stdin
+# feeder, and the *owner task*. The owner task waits for one of: the leader
+# exiting by itself, the command's own deadline (`timeout`), or a stop
+# request from the block (outer cancellation, KeyboardInterrupt, an
+# exception in the body). Then it runs the teardown, driving the pure state
+# machine of _escalation.py:
+#
+#   1. SIGTERM + SIGCONT to the domain (and to census escapees)
+#   2. wait <= grace for it to be empty
+#   3. SIGKILL (forced = True)
+#   4. wait <= kill_wait
+#   5. wait <= drain_wait for EOF, then close the read ends ("abandoned")
+#   6. reap the leader, release the domain, write the receipt
+#
+# When the leader exited by itself, steps 1-4 run only if the domain still
+# holds live processes (owned work that outlived it); otherwise nothing is
+# signalled. The teardown runs in a shielded cancel scope whose deadline is
+# grace + kill_wait + drain_wait + TEARDOWN_ALLOWANCE, so neither a second
+# cancellation nor a misbehaving command can stop it or make it unbounded.
+#
+# The teardown runs in the owner task, not in the task that runs the block,
+# and the owner task is KI-protected: a KeyboardInterrupt is delivered to the
+# main task, whose wait for the teardown catches it, waits out the (bounded)
+# teardown, and re-raises it. The block's own exception is caught *inside*
+# the nursery and re-raised after it closes, so it propagates as itself
+# rather than wrapped in an ExceptionGroup.
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, TypeAlias, final
+
+import trio
+from trio_util import AsyncValue
+
+from . import _procfs
+from ._census import COOKIE_VAR, Census, EscapeePolicy
+from ._domain import Domain
+from ._drain import DEFAULT_MAX_OUTPUT, Drain, lines
+from ._escalation import Budgets, Do, Escalation, Event
+from ._leader import Leader
+from ._procfs import ProcInfo
+from ._receipt import Action, Cause, ProcessRecord, Receipt, Step, StreamRecord
+from ._select import DomainChoice, make_domain
+from ._stdin import Feeder, StdinSource
+
+# Scheduling slack added to the teardown's deadline on top of its budgets:
+# it covers the cost of the actions themselves (scans, signals, reaping).
+TEARDOWN_ALLOWANCE = 0.5
+
+CAPTURE = "capture"
+STDOUT = "stdout"
+DEVNULL = "devnull"
+Target: TypeAlias = "str | os.PathLike[str]"
+Phase = Literal["running", "tearing down", "done"]
+Command: TypeAlias = "str | Sequence[str | os.PathLike[str]]"
+
+
+def _check_budget(name: str, value: float | None, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        msg = f"{name} must be a number of seconds, not {value!r}"
+        raise TypeError(msg)
+    if math.isnan(value) or value < 0:
+        msg = f"{name} must be a non-negative number of seconds, not {value!r}"
+        raise ValueError(msg)
+
+
+def _resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
+    if isinstance(command, str):
+        return ["/bin/sh", "-c", command]
+    argv = [os.fspath(a) for a in command]
+    if not argv:
+        msg = "the command is empty"
+        raise ValueError(msg)
+    exe = argv[0]
+    if os.sep not in exe:
+        found = shutil.which(exe, path=path)
+        if found is None:
+            msg = f"executable not found on PATH: {exe!r}"
+            raise FileNotFoundError(2, msg, exe)
+        argv[0] = found
+    else:
+        full = exe if cwd is None or os.path.isabs(exe) else os.path.join(os.fspath(cwd), exe)
+        if not os.path.exists(full):
+            msg = f"executable not found: {exe!r}"
+            raise FileNotFoundError(2, msg, exe)
+        if os.path.isdir(full) or not os.access(full, os.X_OK):
+            msg = f"not an executable file: {exe!r}"
+            raise PermissionError(13, msg, exe)
+    return argv
+
+
+def _open_target(target: Target) -> int:
+    return os.open(os.fspath(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+
+@final
+class OwnedCommand:
+    """A running owned command: its pid, its output so far, its receipt.
+
+    Built only by `open_owned_command`; see there.
+    """
+
+    def __init__(self, _private: object) -> None:
+        if _private is not _TOKEN:
+            msg = "use trio_procown.open_owned_command() to start a command"
+            raise TypeError(msg)
+        self.command: tuple[str, ...] = ()
+        self.phase: AsyncValue[Phase] = AsyncValue("running")
+        self.receipt: Receipt | None = None
+        self._leader: Leader
+        self._domain: Domain
+        self._census: Census
+        self._drains: dict[str, Drain] = {}
+        self._feeder: Feeder | None = None
+        self._machine: Escalation
+        self._deadline = math.inf
+        self._started = 0.0
+        # Shielded: an outer cancel reaches the owner task only as a stop
+        # request from the block (see open_owned_command).
+        self._life_scope = trio.CancelScope(shield=True)
+        self._stop_cause: Cause | None = None
+        self._done = trio.Event()
+        self._steps: list[Step] = []
+        self._leftovers: dict[int, ProcessRecord] = {}
+        self._subreaper = False
+
+    # -- public surface -------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        """The pid of the direct process (the domain's leader)."""
+        return self._leader.pid
+
+    @property
+    def stdout(self) -> bytes:
+        """Bytes of stdout captured so far (complete after the block)."""
+        drain = self._drains.get("stdout")
+        return drain.capture.getvalue() if drain else b""
+
+    @property
+    def stderr(self) -> bytes:
+        """Bytes of stderr captured so far (complete after the block)."""
+        drain = self._drains.get("stderr")
+        return drain.capture.getvalue() if drain else b""
+
+    @property
+    def domain(self) -> str:
+        """The kind of ownership domain holding the command."""
+        return self._domain.kind
+
+    @property
+    def domain_id(self) -> str:
+        return self._domain.ident
+
+    @property
+    def returncode(self) -> int | None:
+        """The leader's status once known (-N when killed by signal N)."""
+        return self._leader.returncode
+
+    async def wait(self) -> Receipt:
+        """Wait for the leader to exit (or the own timeout), tear down what
+        remains of its domain, and return the receipt.
+
+        Synopsis::
+
+            async with trio_procown.open_owned_command(["make"], timeout=60) as run:
+                receipt = await run.wait()
+            print(receipt.cause, receipt.returncode)
+        """
+        await self._done.wait()
+        assert self.receipt is not None
+        return self.receipt
+
+    def stream(self, name: Literal["stdout", "stderr"] = "stdout") -> AsyncIterator[bytes]:
+        """Iterate over a stream's bytes: everything still retained from the
+        start, then live chunks until end of output.
+
+        The iterator is fed by the command's single drain, never by reading
+        the pipe. Policy for slow consumers: the drain never waits for them;
+        if a consumer falls so far behind that bytes it has not seen were
+        dropped by `max_output`, it skips to the oldest retained byte (the
+        record itself, `run.stdout`, is never affected).
+
+        Synopsis::
+
+            async with trio_procown.open_owned_command(cmd) as run:
+                async for chunk in run.stream("stdout"):
+                    print(chunk.decode(errors="replace"), end="")
+        """
+        drain = self._drains.get(name)
+        if drain is None:
+            msg = f"{name} is not captured for this command"
+            raise ValueError(msg)
+        return drain.chunks()
+
+    def lines(
+        self,
+        name: Literal["stdout", "stderr"] = "stdout",
+        *,
+        encoding: str = "utf-8",
+        errors: str = "replace",
+    ) -> AsyncIterator[str]:
+        """Iterate over a stream's text lines (newline kept; a last line
+        without one is yielded too), decoded incrementally so a character
+        split across reads comes out whole. Same policy as `stream`.
+
+        Synopsis::
+
+            async for line in run.lines("stderr"):
+                log.warning(line.rstrip())
+        """
+        return lines(self.stream(name), encoding, errors)
+
+    # -- lifecycle ------------------------------------------------------------
+    def _step(self, action: Action, target: str, detail: str = "", outcome: str = "") -> Step:
+        step = Step(trio.current_time() - self._started, action, target, detail, outcome)
+        self._steps.append(step)
+        return step
+
+    def _lived(self) -> float:
+        return trio.current_time() - self._started
+
+    def _snapshot(self) -> list[ProcInfo]:
+        return _procfs.snapshot(self._leader.pid, self._lived())
+
+    def _request_stop(self, cause: Cause) -> None:
+        if self._stop_cause is None:
+            self._stop_cause = cause
+        self._life_scope.cancel()
+
+    def _launch(self, nursery: trio.Nursery) -> None:
+        for drain in self._drains.values():
+            nursery.start_soon(drain.run)
+        if self._feeder is not None:
+            nursery.start_soon(self._feeder.run)
+        nursery.start_soon(self._own)
+
+    @trio.lowlevel.enable_ki_protection
+    async def _own(self) -> None:
+        exited = False
+        with self._life_scope:
+            self._life_scope.deadline = self._deadline
+            await self._leader.wait()
+            exited = True
+        machine = self._machine
+        code = self._leader.poll()
+        if exited or (code is not None and self._stop_cause is None):
+            self._step(Action.EXIT, "leader", f"returncode {code}", "exited")
+            machine.handle(Event.LEADER_EXITED)
+        else:
+            cause: Cause = self._stop_cause or "timed_out"
+            self._step(Action.STOP, "leader", cause)
+            machine.handle(Event.STOP, cause=cause)
+        self.phase.value = "tearing down"
+        deadline = trio.current_time() + machine.budgets.total + TEARDOWN_ALLOWANCE
+        with trio.CancelScope(deadline=deadline, shield=True):
+            try:
+                await self._teardown()
+            finally:
+                if self.receipt is None:
+                    self._finish()
+        self.phase.value = "done"
+        self._done.set()
+
+    async def _teardown(self) -> None:
+        machine = self._machine
+        census = self._census
+        escapees: list[ProcInfo] = []
+        if self._feeder is not None:
+            self._feeder.scope.cancel()
+        action = machine.next_action
+        while action is not Do.NOTHING:
+            if action is Do.CHECK_DOMAIN:
+                snap = self._snapshot()
+                live = self._domain.live_members(snap)
+                escapees = census.scan(self._domain, snap)
+                self._step(
+                    Action.SCAN,
+                    "domain",
+                    f"{len(live)} live member(s) after the leader exited; "
+                    f"census: {len(escapees)} outside the domain",
+                )
+                for info in live:
+                    self._leftovers[info.pid] = ProcessRecord(info.pid, _procfs.cmdline(info.pid))
+                owned_escapees = escapees if census.policy == "terminate" else []
+                event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
+                action = machine.handle(event)
+            elif action is Do.SIGNAL_GRACEFUL:
+                if not escapees:
+                    escapees = census.scan(self._domain, self._snapshot())
+                detail = self._domain.signal_graceful()
+                self._step(Action.SIGNAL, "domain", detail)
+                if escapees and census.policy == "terminate":
+                    n = census.signal(escapees, (signal.SIGTERM, signal.SIGCONT))
+                    self._step(Action.SIGNAL, "escapees", f"SIGTERM+SIGCONT to {n} census escapee(s)")
+                action = machine.handle(await self._wait_empty(escapees, machine.budget(), "grace"))
+            elif action is Do.SIGNAL_FORCE:
+                detail = self._domain.force()
+                self._step(Action.SIGNAL, "domain", detail)
+                if census.policy == "terminate":
+                    escapees = census.scan(self._domain, self._snapshot())
+                    if escapees:
+                        n = census.signal(escapees, (signal.SIGKILL,))
+                        self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
+                action = machine.handle(await self._wait_empty(escapees, machine.budget(), "kill_wait"))
+            elif action is Do.WAIT_DRAIN:
+                budget = machine.budget()
+                with trio.move_on_after(budget) as scope:
+                    for drain in self._drains.values():
+                        await drain.done.wait()
+                outcome = "expired" if scope.cancelled_caught else "eof"
+                self._step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
+                action = machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
+            elif action is Do.ABANDON_DRAIN:
+                for drain in self._drains.values():
+                    if not drain.done.is_set():
+                        drain.abandon()
+                        self._step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
+                for drain in self._drains.values():
+                    await drain.done.wait()
+                action = Do.REAP
+            elif action is Do.REAP:
+                self._finish()
+                action = machine.handle(Event.REAPED)
+            else:  # pragma: no cover - the machine has no other actions here
+                msg = f"unexpected action {action!r}"
+                raise AssertionError(msg)
+
+    async def _wait_empty(self, escapees: list[ProcInfo], budget: float, name: str) -> Event:
+        census = self._census
+        owned = escapees if census.policy == "terminate" else []
+        with trio.move_on_after(budget) as scope:
+            await self._domain.wait_empty()
+            while owned:
+                await census.wait_gone(owned)
+                owned = census.scan(self._domain, self._snapshot())
+        outcome = "expired" if scope.cancelled_caught else "empty"
+        self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
+        return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
+
+    def _finish(self) -> None:
+        """Reap, release, and write the receipt. Never waits."""
+        domain = self._domain
+        leader = self._leader
+        machine = self._machine
+        for drain in self._drains.values():
+            if not drain.done.is_set():
+                drain.abandon()
+        snap = self._snapshot()
+        members = domain.members(snap)
+        live = [m for m in members if not m.zombie]
+        zombies = [m for m in members if m.zombie]
+        reaped_orphans = 0
+        if self._subreaper:
+            from ._subreaper import reap_orphans
+
+            reaped_orphans = reap_orphans(zombies)
+            zombies = [z for z in zombies if _procfs.read_stat(z.pid) is not None]
+        domain_empty = domain.is_empty(snap)
+        escaped = self._census.scan(domain, snap)
+        if leader.reap():
+            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+        else:
+            self._step(Action.REAP, "leader", "still alive: left to subprocess's reaper", "not reaped")
+        released = domain.release()
+        if released:
+            self._step(Action.RELEASE, "domain", released)
+        fates = {}
+        for pid, rec in self._leftovers.items():
+            alive = any(m.pid == pid for m in live)
+            fates[pid] = ProcessRecord(pid, rec.cmdline, "alive" if alive else ("killed" if machine.forced else "terminated"))
+        streams = []
+        truncated = False
+        for drain in self._drains.values():
+            cap = drain.capture
+            truncated |= cap.dropped > 0
+            state: Literal["eof", "abandoned"] = "abandoned" if drain.abandoned else "eof"
+            streams.append(StreamRecord(drain.name, state, cap.total, cap.kept, cap.dropped))
+        output = machine.output or ("abandoned" if any(d.abandoned for d in self._drains.values()) else "complete")
+        if output == "complete" and truncated:
+            output = "truncated"
+        census_records = tuple(
+            rec for rec in self._census.records() if rec.pid not in {e.pid for e in escaped}
+        )
+        self.receipt = Receipt(
+            cause=machine.cause or "error",
+            returncode=leader.returncode,
+            domain=domain.kind,
+            forced=machine.forced,
+            domain_empty=domain_empty,
+            output=output,
+            escaped=tuple(ProcessRecord(e.pid, _procfs.cmdline(e.pid), "alive") for e in escaped),
+            steps=tuple(self._steps),
+            command=self.command,
+            pid=leader.pid,
+            domain_id=domain.ident,
+            leftovers=tuple(fates[p] for p in sorted(fates)),
+            unreaped=tuple(ProcessRecord(z.pid, "", "zombie") for z in zombies),
+            census=census_records,
+            still_seen=tuple(ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live),
+            streams=tuple(streams),
+            escapee_policy=self._census.policy,
+            duration=self._lived(),
+            extras={"reaped_orphans": reaped_orphans} if reaped_orphans else {},
+        )
+
+
+_TOKEN = object()
+
+
+def _cause_of(exc: BaseException) -> Cause:
+    if isinstance(exc, (trio.Cancelled, KeyboardInterrupt)):
+        return "cancelled"
+    return "error"
+
+
+@asynccontextmanager
+@trio.lowlevel.enable_ki_protection
+async def open_owned_command(
+    command: Command,
+    *,
+    timeout: float | None = None,
+    grace: float = 2.0,
+    kill_wait: float = 1.0,
+    drain_wait: float = 0.5,
+    stdin: StdinSource = None,
+    stdout: Target = CAPTURE,
+    stderr: Target = CAPTURE,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    domain: DomainChoice = "auto",
+    escapees: EscapeePolicy = "terminate",
+    max_output: int = DEFAULT_MAX_OUTPUT,
+    subreaper: bool = False,
+) -> AsyncIterator[OwnedCommand]:
+    """Run `command` owned by this block: every process it starts is torn
+    down, with a bounded teardown, before control leaves the block.
+
+    A `str` runs under ``/bin/sh -c``; a sequence is executed directly.
+    `timeout` is the command's own deadline (cause ``"timed_out"``, no
+    exception). An outer cancellation, KeyboardInterrupt or an exception in
+    the body tears the command down first and then propagates unchanged.
+    The teardown takes at most ``grace + kill_wait + drain_wait`` (plus a
+    small scheduling allowance) whatever the command does.
+
+    `stdin`: None (``/dev/null``), bytes, a path, or a trio ReceiveStream.
+    `stdout` / `stderr`: ``"capture"`` (default), ``"devnull"``, a file path,
+    and for stderr also ``"stdout"`` (merged, in order).
+    `domain`: ``"auto"``, ``"cgroup"`` or ``"process-group"``.
+    `escapees`: what to do with processes that left the domain (found by the
+    census): ``"terminate"`` or ``"report"``.
+    `max_output`: per-stream memory bound; head and tail are kept.
+
+    Synopsis::
+
+        with trio.move_on_after(5):
+            async with trio_procown.open_owned_command("make test") as run:
+                await run.wait()
+        print(run.receipt.cause, run.stdout)
+    """
+    _check_budget("timeout", timeout, optional=True)
+    _check_budget("grace", grace)
+    _check_budget("kill_wait", kill_wait)
+    _check_budget("drain_wait", drain_wait)
+    if not isinstance(max_output, int) or max_output < 0:
+        msg = f"max_output must be a non-negative int, not {max_output!r}"
+        raise ValueError(msg)
+    for name, target in (("stdout", stdout), ("stderr", stderr)):
+        if target == STDOUT and name == "stdout":
+            msg = "stdout cannot be merged into itself"
+            raise ValueError(msg)
+    census = Census(escapees)
+    child_env = dict(os.environ if env is None else env)
+    child_env[COOKIE_VAR] = census.value
+    argv = _resolve_argv(command, cwd, child_env.get("PATH", os.defpath))
+    if cwd is not None and not os.path.isdir(cwd):
+        if not os.path.exists(cwd):
+            raise FileNotFoundError(2, f"cwd does not exist: {os.fspath(cwd)!r}", os.fspath(cwd))
+        raise NotADirectoryError(20, f"cwd is not a directory: {os.fspath(cwd)!r}", os.fspath(cwd))
+    own_domain = make_domain(domain)
+    if subreaper:
+        from ._subreaper import enable_subreaper
+
+        enable_subreaper()
+
+    run = OwnedCommand(_TOKEN)
+    run.command = tuple(argv) if not isinstance(command, str) else (command,)
+    run._domain = own_domain
+    run._census = census
+    run._subreaper = subreaper
+    run._machine = Escalation(Budgets(grace, kill_wait, drain_wait))
+
+    parent_fds: list[int] = []
+    child_fds: list[int] = []
+    try:
+        stdin_fd, feeder_fd, feeder_src = _stdin_fd(stdin, parent_fds, child_fds)
+        out_fd = _output_fd("stdout", stdout, run, max_output, parent_fds, child_fds)
+        if stderr == STDOUT:
+            err_fd = out_fd
+        else:
+            err_fd = _output_fd("stderr", stderr, run, max_output, parent_fds, child_fds)
+        spawn_argv = own_domain.prepare(argv)
+        try:
+            run._leader = Leader.spawn(
+                spawn_argv, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, cwd=cwd, env=child_env
+            )
+        except BaseException:
+            own_domain.abort_spawn()
+            raise
+        run._started = trio.current_time()
+        run._step(Action.SPAWN, "leader", f"pid {run._leader.pid} in {own_domain.kind}")
+        try:
+            own_domain.attach(run._leader, run._started)
+        except BaseException:
+            run._leader.kill_now()
+            run._leader.reap()
+            own_domain.release()
+            raise
+        if feeder_src is not None and feeder_fd is not None:
+            run._feeder = Feeder(feeder_fd, feeder_src)
+    except BaseException:
+        for fd in parent_fds:
+            os.close(fd)
+        raise
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    run._deadline = math.inf if timeout is None else run._started + timeout
+
+    caught: BaseException | None = None
+    with trio.CancelScope() as guard:
+        async with trio.open_nursery() as nursery:
+            run._launch(nursery)
+            try:
+                try:
+                    yield run
+                except GeneratorExit:
+                    run._leader.kill_now()
+                    raise
+                await run._done.wait()
+            except BaseException as exc:
+                caught = exc
+                run._request_stop(_cause_of(exc))
+            guard.shield = True
+            # The teardown is bounded by its own shielded deadline; this
+            # wait only adds a margin. KeyboardInterrupt may arrive here (we
+            # are in the main task): remember it, keep waiting, re-raise.
+            limit = trio.current_time() + run._machine.budgets.total + 2 * TEARDOWN_ALLOWANCE
+            with trio.move_on_at(limit):
+                while not run._done.is_set():
+                    try:
+                        await run._done.wait()
+                    except KeyboardInterrupt as exc:
+                        caught = caught or exc
+            nursery.cancel_scope.cancel()
+    if caught is not None:
+        raise caught
+
+
+def _stdin_fd(
+    stdin: StdinSource, parent_fds: list[int], child_fds: list[int]
+) -> tuple[int, int | None, bytes | trio.abc.ReceiveStream | None]:
+    """The child's stdin fd, and the feeder's fd and source if one is needed."""
+    if stdin is None:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        child_fds.append(fd)
+        return fd, None, None
+    if isinstance(stdin, (bytes, bytearray, memoryview)) or isinstance(stdin, trio.abc.ReceiveStream):
+        r, w = os.pipe()
+        parent_fds.append(w)
+        child_fds.append(r)
+        src = stdin if isinstance(stdin, trio.abc.ReceiveStream) else bytes(stdin)
+        return r, w, src
+    if isinstance(stdin, (str, os.PathLike)):
+        fd = os.open(os.fspath(stdin), os.O_RDONLY | os.O_CLOEXEC)
+        child_fds.append(fd)
+        return fd, None, None
+    msg = f"stdin must be None, bytes, a path or a trio ReceiveStream, not {type(stdin).__name__}"
+    raise TypeError(msg)
+
+
+def _output_fd(
+    name: str, target: Target, run: OwnedCommand, limit: int, parent_fds: list[int], child_fds: list[int]
+) -> int:
+    if target == CAPTURE:
+        r, w = os.pipe()
+        parent_fds.append(r)
+        child_fds.append(w)
+        run._drains[name] = Drain(name, r, limit)
+        return w
+    if target == DEVNULL:
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    else:
+        fd = _open_target(target)
+    child_fds.append(fd)
+    return fd
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class OwnedResult:
+    """What `run_owned` returns: the output and the receipt."""
+
+    stdout: bytes
+    stderr: bytes
+    returncode: int | None
+    receipt: Receipt
+
+
+async def run_owned(command: Command, **kwargs: object) -> OwnedResult:
+    """Run `command` to completion as an owned command; return its output
+    and receipt. Takes the same arguments as `open_owned_command`.
+
+    Synopsis::
+
+        result = await trio_procown.run_owned(["pytest", "-q"], timeout=600)
+        print(result.returncode, result.receipt.cause)
+    """
+    async with open_owned_command(command, **kwargs) as run:  # type: ignore[arg-type]
+        receipt = await run.wait()
+    return OwnedResult(run.stdout, run.stderr, receipt.returncode, receipt)

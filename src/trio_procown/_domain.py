@@ -1,0 +1,199 @@
+# Ownership domains: what holds every process an owned command starts.
+#
+# A domain is driven by the teardown (_command.py) through a small interface:
+# prepare the spawn, attach the spawned leader, signal gracefully, force,
+# wait until empty, list what is left, release. The process group below is
+# the portable domain; the cgroup v2 domain lives in _cgroup.py; later ones
+# (a Windows Job Object, a container, a remote lease) implement the same
+# methods and the teardown does not change.
+#
+# Process group. The command starts in a new session, so its leader's pid is
+# also its session and process-group id. The leader stays unreaped until the
+# teardown is over (see _leader.py), which keeps that id from being recycled:
+# killpg() on it can only reach our command's group. A member that calls
+# setsid() or setpgid() leaves the group; the census finds it.
+#
+# "Empty" means no *live* member: zombies count as dead, because an orphan's
+# zombie waits for PID 1 to reap it (up to ~2 s on these machines) and the
+# teardown must not wait on somebody else's reaping. Waiting is event driven:
+# we open a pidfd per live member (they become readable at exit), wait for
+# them, then scan again for members forked meanwhile, until a scan finds none.
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+from collections.abc import Callable, Sequence
+
+import trio
+
+from . import _pidfd, _procfs
+from ._leader import Leader
+from ._procfs import ProcInfo
+
+
+class DomainUnavailable(RuntimeError):
+    """The requested ownership domain cannot be used on this machine."""
+
+
+class Domain(abc.ABC):
+    """An ownership domain for one owned command (one instance per command)."""
+
+    kind: str = ""
+
+    def __init__(self) -> None:
+        self.leader: Leader | None = None
+        self._started = 0.0
+
+    # -- lifecycle ----------------------------------------------------------
+    def prepare(self, argv: Sequence[str]) -> list[str]:
+        """The argv to spawn so that the command starts inside the domain."""
+        return list(argv)
+
+    def attach(self, leader: Leader, started: float) -> None:
+        """Take hold of the spawned leader."""
+        self.leader = leader
+        self._started = started
+
+    def abort_spawn(self) -> None:
+        """Undo prepare() after a failed spawn."""
+        self.release()
+
+    @property
+    @abc.abstractmethod
+    def ident(self) -> str:
+        """What identifies the domain: a pgid, a cgroup path."""
+
+    # -- teardown -----------------------------------------------------------
+    @abc.abstractmethod
+    def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        """Processes of the domain other than the leader, zombies included.
+
+        `snap` is a process-table snapshot the caller already took, if any.
+        """
+
+    @abc.abstractmethod
+    def signal_graceful(self) -> str:
+        """Send SIGTERM then SIGCONT to every member; describe what was sent."""
+
+    @abc.abstractmethod
+    def force(self) -> str:
+        """Kill every member with SIGKILL; describe what was done."""
+
+    @abc.abstractmethod
+    def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
+        """True when no live process (leader included) is in the domain."""
+
+    @abc.abstractmethod
+    async def wait_empty(self) -> None:
+        """Wait until is_empty(); the caller's cancel scope bounds it."""
+
+    def holder(self) -> Callable[[ProcInfo], bool]:
+        """A predicate telling whether a process is inside the domain now."""
+        inside = {m.pid for m in self.members()}
+        if self.leader is not None:
+            inside.add(self.leader.pid)
+        return lambda info: info.pid in inside
+
+    def release(self) -> str:
+        """Give back what the domain held (e.g. remove the cgroup)."""
+        return ""
+
+    # -- shared helpers -----------------------------------------------------
+    def _lived(self) -> float:
+        return trio.current_time() - self._started if self._started else 1e9
+
+    def live_members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        return [m for m in self.members(snap) if not m.zombie]
+
+
+class ProcessGroupDomain(Domain):
+    """The command's own session and process group (POSIX)."""
+
+    kind = "process-group"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pgid = 0
+
+    def attach(self, leader: Leader, started: float) -> None:
+        super().attach(leader, started)
+        self.pgid = leader.pid
+        if self.pgid == os.getpgrp() or self.pgid <= 1:
+            msg = f"refusing to own process group {self.pgid}: it is the caller's own"
+            raise RuntimeError(msg)
+
+    @property
+    def ident(self) -> str:
+        return f"pgid {self.pgid}"
+
+    def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        leader_pid = self.leader.pid if self.leader else None
+        if snap is None:
+            snap = _procfs.snapshot(leader_pid, self._lived())
+        return [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
+
+    def holder(self) -> Callable[[ProcInfo], bool]:
+        pgid = self.pgid
+        return lambda info: info.pgrp == pgid
+
+    def _killpg(self, sig: int) -> bool:
+        # The leader is unreaped for the whole teardown (see module comment),
+        # so the id cannot have been recycled; still refuse our own group.
+        assert self.leader is not None
+        if self.pgid == os.getpgrp() or self.pgid <= 1 or self.leader.reaped:
+            return False
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal_graceful(self) -> str:
+        sent = self._killpg(signal.SIGTERM)
+        self._killpg(signal.SIGCONT)
+        return f"SIGTERM+SIGCONT to process group {self.pgid}" + ("" if sent else " (no process)")
+
+    def force(self) -> str:
+        sent = self._killpg(signal.SIGKILL)
+        return f"SIGKILL to process group {self.pgid}" + ("" if sent else " (no process)")
+
+    def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
+        assert self.leader is not None
+        return not self.leader.alive and not self.live_members(snap)
+
+    async def wait_empty(self) -> None:
+        assert self.leader is not None
+        while True:
+            await self.leader.wait()
+            live = self.live_members()
+            if not live:
+                return
+            await wait_for_processes(live, lambda info: _still_in_group(info, self.pgid))
+
+
+def _still_in_group(info: ProcInfo, pgid: int) -> bool:
+    now = _procfs.read_stat(info.pid)
+    return now is not None and now.pgrp == pgid and not now.zombie
+
+
+async def wait_for_processes(
+    procs: Sequence[ProcInfo], verify: Callable[[ProcInfo], bool]
+) -> None:
+    """Wait until each of `procs` has terminated (zombie or gone).
+
+    `verify(info)` is checked after the pidfd is opened, so the handle is
+    known to name the process we scanned and not a recycled pid.
+    """
+    for info in procs:
+        fd = _pidfd.open_pidfd(info.pid)
+        if fd is None:
+            if not _pidfd.HAVE_PIDFD:
+                await _pidfd.poll_until(lambda: not verify(info))
+            continue
+        try:
+            if verify(info):
+                await _pidfd.wait_exited(fd)
+        finally:
+            _pidfd.close(fd)

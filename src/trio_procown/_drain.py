@@ -1,0 +1,217 @@
+# The single drain of an owned command's output.
+#
+# Exactly one task reads each pipe, from the spawn to the end of the
+# teardown; timeout and cancellation never start a second reader, so output
+# read before a deadline is never lost to a re-read after the kill. The
+# drain reads with os.read on a non-blocking fd in large chunks (the pipe is
+# enlarged to 1 MiB where the kernel allows) and sleeps in
+# trio.lowlevel.wait_readable only when the pipe is empty.
+#
+# What is read goes into a Capture: the record of the stream, bounded by
+# max_output. It keeps the first half of the limit (the head) and the most
+# recent half (the tail) and counts every byte it had to drop in between, so
+# memory stays bounded whatever the command writes.
+#
+# Consumers (run.stream(), run.lines()) never touch the pipe: they follow
+# the Capture by absolute byte offset. A consumer that falls so far behind
+# that the bytes it has not seen were dropped from the record skips to the
+# oldest retained byte and is told how many it missed; the drain never waits
+# for a consumer, so a slow or stopped consumer can neither stall the command
+# nor hang the teardown, and the record stays intact.
+#
+# Abandoning (after drain_wait in the teardown) cancels the reader and closes
+# the read end; bytes read until then are kept.
+
+from __future__ import annotations
+
+import codecs
+import errno
+import fcntl
+import os
+from collections import deque
+from collections.abc import AsyncIterator
+
+import trio
+
+READ_SIZE = 1 << 20
+PIPE_SIZE = 1 << 20
+DEFAULT_MAX_OUTPUT = 64 << 20
+
+
+def enlarge_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe buffer (fewer wake-ups); ignore refusal."""
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsz is None:
+        return
+    try:
+        fcntl.fcntl(fd, setsz, PIPE_SIZE)
+    except OSError:
+        pass
+
+
+class Capture:
+    """A bounded record of one stream: the head, the tail, and a drop count."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            msg = f"max_output must be >= 0, not {limit!r}"
+            raise ValueError(msg)
+        self.limit = limit
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self._head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0  # bytes in _tail, possibly > tail_limit by < 1 chunk
+        self.total = 0  # bytes appended in all
+
+    def append(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+            if not data:
+                return
+        if self.tail_limit == 0:
+            return
+        self._tail.append(data)
+        self._tail_len += len(data)
+        # Drop whole chunks that lie entirely before the tail window.
+        while self._tail_len - len(self._tail[0]) >= self.tail_limit:
+            self._tail_len -= len(self._tail.popleft())
+
+    @property
+    def kept(self) -> int:
+        return len(self._head) + min(self._tail_len, self.tail_limit)
+
+    @property
+    def dropped(self) -> int:
+        return self.total - self.kept
+
+    @property
+    def tail_start(self) -> int:
+        """Absolute offset of the first retained tail byte."""
+        return self.total - min(self._tail_len, self.tail_limit)
+
+    def _tail_bytes(self) -> bytes:
+        joined = b"".join(self._tail)
+        return joined[len(joined) - min(self._tail_len, self.tail_limit) :]
+
+    def getvalue(self) -> bytes:
+        """Head plus tail, without marker: the receipt counts what was dropped."""
+        if not self._tail:
+            return bytes(self._head)
+        return bytes(self._head) + self._tail_bytes()
+
+    def read_from(self, offset: int) -> tuple[int, bytes, int]:
+        """Bytes from absolute `offset` on: (new offset, data, bytes skipped)."""
+        if offset < len(self._head):
+            return len(self._head), bytes(self._head[offset:]), 0
+        if offset >= self.total:
+            return offset, b"", 0
+        start = self.tail_start
+        skipped = 0
+        if offset < start:
+            skipped = start - offset
+            offset = start
+        tail = self._tail_bytes()
+        return self.total, tail[offset - start :], skipped
+
+
+class Drain:
+    """The one reader of one pipe."""
+
+    def __init__(self, name: str, fd: int, limit: int) -> None:
+        self.name = name
+        self.fd: int | None = fd
+        self.capture = Capture(limit)
+        self.eof = False
+        self.abandoned = False
+        self.done = trio.Event()
+        # Shielded: only abandon() ends the drain early, never an outer cancel.
+        self._scope = trio.CancelScope(shield=True)
+        self._changed: trio.Event | None = None
+        self.skipped = 0  # bytes consumers skipped because they were dropped first
+        os.set_blocking(fd, False)
+        enlarge_pipe(fd)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def run(self) -> None:
+        """Read until EOF or until abandoned. Runs as a nursery task."""
+        fd = self.fd
+        assert fd is not None
+        append = self.capture.append
+        try:
+            with self._scope:
+                while True:
+                    try:
+                        data = os.read(fd, READ_SIZE)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(fd)
+                        continue
+                    except OSError as exc:
+                        if exc.errno != errno.EIO:
+                            raise
+                        data = b""
+                    if not data:
+                        self.eof = True
+                        return
+                    append(data)
+                    self._notify()
+        finally:
+            self._close()
+            self.done.set()
+            self._notify()
+
+    def abandon(self) -> None:
+        """Stop reading at once and close the read end; keep what was read."""
+        if self.done.is_set():
+            return
+        self.abandoned = True
+        self._scope.cancel()
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+    async def wait_changed(self) -> None:
+        if self.done.is_set():
+            return
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Every retained byte from the start, then live, until the end."""
+        offset = 0
+        while True:
+            offset, data, skipped = self.capture.read_from(offset)
+            if skipped:
+                self.skipped += skipped
+            if data:
+                yield data
+                continue
+            if self.done.is_set() and offset >= self.capture.total:
+                return
+            await self.wait_changed()
+
+
+async def lines(chunks: AsyncIterator[bytes], encoding: str, errors: str) -> AsyncIterator[str]:
+    """Split a byte stream into text lines (newline kept), decoding
+    incrementally so a character split across chunks comes out whole."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+    pending = ""
+    async for chunk in chunks:
+        pending += decoder.decode(chunk)
+        *complete, pending = pending.split("\n")
+        for line in complete:
+            yield line + "\n"
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending

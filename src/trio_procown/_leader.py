@@ -1,0 +1,149 @@
+# The direct process ("leader") of an owned command.
+#
+# We spawn with subprocess.Popen (vfork + exec, the cheapest spawn Python
+# offers that also supports cwd and a new session) and then hold the child
+# through a pidfd. The leader is *never reaped before the domain teardown is
+# over*: while it is an unreaped zombie its pid, and so the process-group id
+# equal to it, cannot be handed to another process, which is what makes
+# killpg() on that id safe. Its exit status is read with
+# waitid(P_PIDFD, WNOWAIT), which reports the status and leaves the zombie in
+# place; the one real reap happens at the very end of the teardown.
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from . import _pidfd
+
+
+def status_to_returncode(si_code: int, si_status: int) -> int:
+    """Map a waitid() result to subprocess's convention (-N for signal N)."""
+    if si_code == os.CLD_EXITED:
+        return si_status
+    return -si_status
+
+
+class Leader:
+    """The spawned direct process, held unreaped until `reap()`."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.pidfd = _pidfd.open_pidfd(self.pid)
+        self.returncode: int | None = None
+        self.reaped = False
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        cwd: str | os.PathLike[str] | None,
+        env: Mapping[str, str],
+        pass_fds: Sequence[int] = (),
+    ) -> Leader:
+        """Start `argv` in a new session; raises the OSError the OS gave."""
+        kwargs: dict[str, Any] = {}
+        if pass_fds:
+            kwargs["pass_fds"] = tuple(pass_fds)
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
+        return cls(popen)
+
+    def poll(self) -> int | None:
+        """The exit status if the leader has terminated, without reaping it."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            if self.pidfd is not None:
+                res = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            else:
+                res = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.returncode
+        if res is None or res.si_pid == 0:
+            return None
+        self.returncode = status_to_returncode(res.si_code, res.si_status)
+        return self.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.poll() is None
+
+    async def wait(self) -> int:
+        """Wait until the leader terminates; returns its status, unreaped."""
+        while True:
+            code = self.poll()
+            if code is not None:
+                return code
+            if self.pidfd is not None:
+                await _pidfd.wait_exited(self.pidfd)
+            else:
+                await _pidfd.poll_until(lambda: self.poll() is not None)
+
+    def signal(self, sig: int) -> bool:
+        """Signal the leader itself; False if it has already terminated."""
+        if self.reaped:
+            return False
+        if self.pidfd is not None:
+            return _pidfd.send(self.pidfd, sig)
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def reap(self) -> bool:
+        """Reap the leader if it has terminated; True when it is reaped.
+
+        Never blocks: a leader that survived SIGKILL (uninterruptible sleep)
+        stays with subprocess's own bookkeeping, which reaps it later.
+        """
+        if self.reaped:
+            return True
+        if self.poll() is None:
+            return False
+        try:
+            os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        self.reaped = True
+        # Tell Popen the child is gone so it neither warns nor reaps again.
+        self.popen.returncode = self.returncode
+        self.close()
+        return True
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            _pidfd.close(self.pidfd)
+            self.pidfd = None
+
+    def kill_now(self) -> None:
+        """Last-resort SIGKILL of the leader and its group, used only when
+        setting up the command failed after the spawn."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            self.signal(signal.SIGKILL)
+
+
+async def checkpoint_if_cancelled() -> None:
+    await trio.lowlevel.checkpoint_if_cancelled()

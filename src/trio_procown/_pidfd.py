@@ -1,0 +1,89 @@
+# Process handles that cannot be recycled.
+#
+# A pid names whichever process holds that number now; once a process is
+# reaped its number can be handed to a stranger. A pidfd names one process
+# for as long as the descriptor is open, so signals sent through it can never
+# reach a recycled pid, and it becomes readable when the process exits, which
+# lets trio wait for any process (not only our children) without polling.
+#
+# Where pidfds are missing (not Linux, or an old kernel), waiting falls back
+# to polling with a short, growing interval; every such wait runs under the
+# caller's cancel scope, which carries the bound.
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+
+import trio
+
+from collections.abc import Callable
+
+HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+
+# Polling interval bounds for platforms without pidfds.
+_POLL_FIRST = 0.001
+_POLL_MAX = 0.02
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for `pid`, or None if it is gone or pidfds are unavailable."""
+    if not HAVE_PIDFD:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno in (errno.ESRCH, errno.EINVAL, errno.ENOSYS, errno.EPERM):
+            return None
+        raise
+
+
+def send(pidfd: int, sig: int) -> bool:
+    """Signal the process behind `pidfd`; False if it has already exited."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def exited(pidfd: int) -> bool:
+    """True once the process behind `pidfd` has terminated (zombie or gone)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+async def wait_exited(pidfd: int) -> None:
+    """Wait until the process behind `pidfd` has terminated."""
+    await trio.lowlevel.wait_readable(pidfd)
+
+
+def close(pidfd: int) -> None:
+    """Close a pidfd that no task is waiting on any more."""
+    trio.lowlevel.notify_closing(pidfd)
+    os.close(pidfd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Portable liveness check for a pid (zombies count as alive here)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def poll_until(predicate: Callable[[], bool]) -> None:
+    """Poll `predicate()` with a growing interval until it is true.
+
+    The only bound is the caller's cancel scope, which every caller sets.
+    """
+    delay = _POLL_FIRST
+    while not predicate():
+        await trio.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX)

@@ -1,0 +1,312 @@
+# The receipt: what the teardown's evidence proves, and no more.
+#
+# A receipt is built once, at the end of the teardown, from the timeline of
+# steps the teardown recorded and a few facts it established. claims() turns
+# that into sentences; each sentence is derived from a field that a step
+# backs, and is worded no stronger than the step: "no live member was seen"
+# rather than "everything stopped", "abandoned" rather than "complete".
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Cause = Literal["exited", "timed_out", "cancelled", "error"]
+OutputState = Literal["complete", "truncated", "abandoned"]
+
+
+class Action(enum.Enum):
+    """What a step of the timeline did."""
+
+    SPAWN = "spawn"
+    EXIT = "exit"  # the leader was seen to terminate
+    STOP = "stop"  # the teardown was requested, with a cause
+    SCAN = "scan"  # the domain or the census was inspected
+    SIGNAL = "signal"
+    WAIT = "wait"
+    DRAIN = "drain"
+    REAP = "reap"
+    RELEASE = "release"
+    HANDOFF = "handoff"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One entry of a receipt's timeline.
+
+    `at` is in seconds since the spawn; `target` names what was acted on
+    ("leader", "domain", "escapees", "stdout", ...); `outcome` says how a
+    wait or scan ended ("empty", "expired", "eof", "abandoned", ...).
+    """
+
+    at: float
+    action: Action
+    target: str
+    detail: str = ""
+    outcome: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": round(self.at, 6),
+            "action": self.action.value,
+            "target": self.target,
+            "detail": self.detail,
+            "outcome": self.outcome,
+        }
+
+    def __str__(self) -> str:
+        text = f"+{self.at:.3f}s {self.action.value} {self.target}"
+        if self.detail:
+            text += f": {self.detail}"
+        if self.outcome:
+            text += f" -> {self.outcome}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRecord:
+    """A process named by a receipt: pid, command line, and what became of it."""
+
+    pid: int
+    cmdline: str
+    fate: str = ""  # "alive", "terminated", "killed", "zombie", ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "cmdline": self.cmdline, "fate": self.fate}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """How one output stream ended."""
+
+    name: str
+    state: Literal["eof", "abandoned", "not captured"]
+    captured: int  # bytes read from the pipe
+    kept: int  # bytes retained in memory
+    dropped: int  # bytes read but dropped by the size limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "captured": self.captured,
+            "kept": self.kept,
+            "dropped": self.dropped,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What the teardown of one owned command proved.
+
+    Synopsis::
+
+        async with trio_procown.open_owned_command("make test", timeout=60) as run:
+            receipt = await run.wait()
+        for sentence in receipt.claims():
+            print(sentence)
+    """
+
+    cause: Cause
+    returncode: int | None
+    domain: str
+    forced: bool
+    domain_empty: bool
+    output: OutputState
+    escaped: tuple[ProcessRecord, ...] = ()
+    steps: tuple[Step, ...] = ()
+    command: tuple[str, ...] = ()
+    pid: int = 0
+    domain_id: str = ""  # the pgid, or the cgroup path
+    leftovers: tuple[ProcessRecord, ...] = ()  # members that outlived the leader
+    unreaped: tuple[ProcessRecord, ...] = ()  # terminated, left to another reaper
+    census: tuple[ProcessRecord, ...] = ()  # escapees found and what we did
+    still_seen: tuple[ProcessRecord, ...] = ()  # members seen when the bound ran out
+    streams: tuple[StreamRecord, ...] = ()
+    escapee_policy: str = "terminate"
+    census_scanned: bool = True
+    duration: float = 0.0
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dropped(self) -> int:
+        """Bytes dropped by the output size limit, all streams together."""
+        return sum(s.dropped for s in self.streams)
+
+    def _first(self, action: Action, target: str | None = None) -> Step | None:
+        for step in self.steps:
+            if step.action is action and (target is None or step.target == target):
+                return step
+        return None
+
+    def _steps(self, action: Action, target: str | None = None) -> list[Step]:
+        return [
+            s
+            for s in self.steps
+            if s.action is action and (target is None or s.target == target)
+        ]
+
+    def claims(self) -> list[str]:
+        """The evidence as plain sentences, none stronger than the steps."""
+        out: list[str] = []
+        exit_step = self._first(Action.EXIT, "leader")
+        signals = self._steps(Action.SIGNAL)
+        first_signal = signals[0] if signals else None
+        if self.cause == "exited" and exit_step is not None:
+            out.append(
+                f"The command (pid {self.pid}) exited by itself with "
+                f"{_describe_status(self.returncode)} at +{exit_step.at:.3f}s, "
+                "before anything was signalled."
+            )
+        elif self.cause == "timed_out":
+            out.append(f"The command (pid {self.pid}) reached its own timeout.")
+        elif self.cause == "cancelled":
+            out.append(f"The block running the command (pid {self.pid}) was cancelled.")
+        elif self.cause == "error":
+            out.append(f"The block running the command (pid {self.pid}) raised an exception.")
+        if self.cause != "exited" or exit_step is None:
+            out.append(f"Its direct process ended with {_describe_status(self.returncode)}.")
+
+        if self.leftovers:
+            names = _name_processes(self.leftovers)
+            out.append(
+                f"{len(self.leftovers)} process(es) of its domain outlived the leader "
+                f"and were torn down as owned work: {names}."
+            )
+
+        term = self._first(Action.SIGNAL)
+        waits = self._steps(Action.WAIT, "domain")
+        if term is not None:
+            out.append(f"{term.detail} was sent to the {self.domain} domain at +{term.at:.3f}s.")
+            grace = waits[0] if waits else None
+            if grace is not None and grace.outcome == "empty" and not self.forced:
+                out.append(
+                    f"The domain was seen empty at +{grace.at:.3f}s, within the grace period; "
+                    "no SIGKILL was needed."
+                )
+            if self.forced:
+                kill = next((s for s in signals if "SIGKILL" in s.detail), None)
+                if kill is not None:
+                    out.append(f"Members outlived the grace period; {kill.detail} was sent at +{kill.at:.3f}s.")
+                last = waits[-1] if waits else None
+                if last is not None and last.outcome == "empty":
+                    out.append(f"The domain was seen empty at +{last.at:.3f}s after the kill.")
+        elif first_signal is None and self.domain_empty:
+            out.append("Nothing of its domain was left running, so nothing was signalled.")
+
+        if self.domain_empty:
+            out.append(
+                f"No live process of the {self.domain} domain ({self.domain_id}) was seen at the end."
+            )
+        else:
+            out.append(
+                f"The {self.domain} domain ({self.domain_id}) was NOT proven empty: "
+                + (_name_processes(self.still_seen) or "members were still listed")
+                + "."
+            )
+        if self.unreaped:
+            out.append(
+                f"{len(self.unreaped)} terminated member(s) were left as zombies for their "
+                f"parent or init to reap (not reaped by us): {_name_processes(self.unreaped)}."
+            )
+        reaped = self.extras.get("reaped_orphans")
+        if reaped:
+            out.append(f"{reaped} orphan(s) of the command were reaped by us as subreaper.")
+
+        if self.census:
+            verb = "terminated" if self.escapee_policy == "terminate" else "reported (not signalled)"
+            out.append(
+                f"The census found {len(self.census)} process(es) that left the domain; "
+                f"they were {verb}: {_name_processes(self.census)}."
+            )
+        if self.escaped:
+            out.append(
+                f"{len(self.escaped)} process(es) escaped the domain and were still alive at the end: "
+                f"{_name_processes(self.escaped)}."
+            )
+        elif not self.census_scanned:
+            out.append("No census was taken, so processes that left the domain would not be seen.")
+
+        for stream in self.streams:
+            if stream.state == "not captured":
+                continue
+            if stream.state == "abandoned":
+                out.append(
+                    f"{stream.name}: the drain was abandoned after its bound with "
+                    f"{stream.captured} byte(s) read; output may be missing."
+                )
+            else:
+                out.append(f"{stream.name}: end of output reached, {stream.captured} byte(s) read.")
+            if stream.dropped:
+                out.append(
+                    f"{stream.name}: {stream.dropped} byte(s) were dropped by the size limit "
+                    f"(head and tail kept, {stream.kept} byte(s))."
+                )
+        handoff = self._first(Action.HANDOFF)
+        if handoff is not None:
+            out.append(f"Ownership was handed off at +{handoff.at:.3f}s: {handoff.detail}.")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form of the receipt, claims included."""
+        return {
+            "cause": self.cause,
+            "returncode": self.returncode,
+            "domain": self.domain,
+            "domain_id": self.domain_id,
+            "forced": self.forced,
+            "domain_empty": self.domain_empty,
+            "output": self.output,
+            "escaped": [p.to_dict() for p in self.escaped],
+            "leftovers": [p.to_dict() for p in self.leftovers],
+            "unreaped": [p.to_dict() for p in self.unreaped],
+            "census": [p.to_dict() for p in self.census],
+            "still_seen": [p.to_dict() for p in self.still_seen],
+            "escapee_policy": self.escapee_policy,
+            "census_scanned": self.census_scanned,
+            "streams": [s.to_dict() for s in self.streams],
+            "steps": [s.to_dict() for s in self.steps],
+            "command": list(self.command),
+            "pid": self.pid,
+            "duration": round(self.duration, 6),
+            "claims": self.claims(),
+        }
+
+    def summary(self) -> str:
+        """A short multi-line human summary."""
+        head = (
+            f"cause={self.cause} returncode={self.returncode} domain={self.domain} "
+            f"forced={self.forced} domain_empty={self.domain_empty} output={self.output} "
+            f"escaped={len(self.escaped)} duration={self.duration:.3f}s"
+        )
+        return "\n".join([head, *("  - " + c for c in self.claims())])
+
+
+def _describe_status(returncode: int | None) -> str:
+    if returncode is None:
+        return "no status (it could not be reaped)"
+    if returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{name} (returncode {returncode})"
+    return f"status {returncode}"
+
+
+def _name_processes(procs: tuple[ProcessRecord, ...]) -> str:
+    parts = []
+    for p in procs[:10]:
+        text = f"pid {p.pid}"
+        if p.cmdline:
+            text += f" ({p.cmdline[:80]})"
+        if p.fate:
+            text += f" [{p.fate}]"
+        parts.append(text)
+    if len(procs) > 10:
+        parts.append(f"and {len(procs) - 10} more")
+    return ", ".join(parts)

@@ -1,0 +1,70 @@
+# Choosing an ownership domain.
+#
+# "auto" takes the strongest domain this machine offers: a cgroup v2 child
+# when a writable, delegated cgroup v2 directory is found and a process can
+# be moved into a child of it (probed once per process and cached), else the
+# POSIX process group. Asking for a domain by name never falls back: it
+# raises DomainUnavailable saying why the domain cannot be used.
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from . import _cgroup
+from ._domain import Domain, DomainUnavailable, ProcessGroupDomain
+
+DomainName = Literal["auto", "cgroup", "process-group"]
+DomainChoice: TypeAlias = DomainName
+
+
+@dataclass(frozen=True, slots=True)
+class DomainOption:
+    """One ownership domain and whether this machine offers it."""
+
+    name: str
+    available: bool
+    reason: str  # why it is unavailable, or what it will use
+
+
+def available_domains() -> list[DomainOption]:
+    """Every domain this library knows, strongest first, with availability."""
+    root = _cgroup.default_root()
+    why = _cgroup.unavailable_reason(root)
+    cgroup = DomainOption(
+        "cgroup",
+        why is None,
+        f"child cgroups under {os.path.realpath(root)}" if why is None and root else (why or ""),
+    )
+    posix = os.name == "posix"
+    group = DomainOption(
+        "process-group",
+        posix,
+        "a new session and process group per command" if posix else "not a POSIX platform",
+    )
+    return [cgroup, group]
+
+
+def auto_choice() -> DomainOption:
+    """The domain "auto" picks here."""
+    for option in available_domains():
+        if option.available:
+            return option
+    msg = "no ownership domain is available on this platform"
+    raise DomainUnavailable(msg)
+
+
+def make_domain(choice: DomainChoice) -> Domain:
+    """A fresh domain instance for one command."""
+    if choice == "auto":
+        choice = auto_choice().name  # type: ignore[assignment]
+    if choice == "cgroup":
+        return _cgroup.CgroupDomain()
+    if choice == "process-group":
+        if os.name != "posix":
+            msg = "the process-group domain needs a POSIX platform"
+            raise DomainUnavailable(msg)
+        return ProcessGroupDomain()
+    msg = f"domain must be 'auto', 'cgroup' or 'process-group', not {choice!r}"
+    raise ValueError(msg)
