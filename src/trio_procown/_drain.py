@@ -3,8 +3,8 @@
 # Exactly one task reads each pipe, from the spawn to the end of the
 # teardown; timeout and cancellation never start a second reader, so output
 # read before a deadline is never lost to a re-read after the kill. The
-# drain reads with os.read on a non-blocking fd in large chunks (the pipe is
-# enlarged to 1 MiB where the kernel allows) and sleeps in
+# drain reads with os.read on a non-blocking fd (in 1 MiB chunks from a pipe
+# enlarged to 1 MiB once the command proves a heavy writer) and sleeps in
 # trio.lowlevel.wait_readable only when the pipe is empty.
 #
 # What is read goes into a Capture: the record of the stream, bounded by
@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
+FIRST_READ_SIZE = 1 << 16
 READ_SIZE = 1 << 20
 PIPE_SIZE = 1 << 20
 DEFAULT_MAX_OUTPUT = 64 << 20
@@ -133,7 +134,6 @@ class Drain:
         self._changed: trio.Event | None = None
         self.skipped = 0  # bytes consumers skipped because they were dropped first
         os.set_blocking(fd, False)
-        enlarge_pipe(fd)
 
     def _notify(self) -> None:
         if self._changed is not None:
@@ -145,11 +145,15 @@ class Drain:
         fd = self.fd
         assert fd is not None
         append = self.capture.append
+        # Start small: most commands print little, and enlarging a pipe
+        # costs as much as a tenth of a spawn. A full first read means a
+        # heavy writer: then enlarge the pipe and read in big chunks.
+        size = FIRST_READ_SIZE
         try:
             with self._scope:
                 while True:
                     try:
-                        data = os.read(fd, READ_SIZE)
+                        data = os.read(fd, size)
                     except BlockingIOError:
                         await trio.lowlevel.wait_readable(fd)
                         continue
@@ -160,6 +164,9 @@ class Drain:
                     if not data:
                         self.eof = True
                         return
+                    if len(data) == size == FIRST_READ_SIZE:
+                        enlarge_pipe(fd)
+                        size = READ_SIZE
                     append(data)
                     self._notify()
         finally:

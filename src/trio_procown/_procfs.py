@@ -36,6 +36,10 @@ IS_LINUX = sys.platform.startswith("linux")
 # (see the comment above).
 FULL_SCAN_AFTER = 0.25
 
+# A range of at most this many pids is probed pid by pid, which is cheaper
+# than listing /proc.
+DIRECT_PROBE_MAX = 32
+
 
 @dataclass(frozen=True, slots=True)
 class ProcInfo:
@@ -60,19 +64,40 @@ def last_pid() -> int | None:
         return None
 
 
+def _all_pids() -> Iterator[int]:
+    return (int(n) for n in os.listdir("/proc") if n.isdigit())
+
+
+def _is_process(pid: int) -> bool:
+    """True if `pid` is a thread-group leader (a process), not a thread.
+
+    /proc lists only processes, but /proc/TID opens for any thread too.
+    """
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1]) == pid
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def candidate_pids(since_pid: int | None, lived: float) -> Iterator[int]:
     """Pids that may belong to a command whose leader is `since_pid`.
 
     Narrowed to pids allocated after the leader when that is provably
-    complete (see the module comment); otherwise every pid.
+    complete (see the module comment); otherwise every pid. A narrow range
+    of a few pids is probed directly instead of listing /proc.
     """
-    pids = (int(n) for n in os.listdir("/proc") if n.isdigit())
     if since_pid is None or lived >= FULL_SCAN_AFTER:
-        return pids
+        return _all_pids()
     newest = last_pid()
     if newest is None or newest < since_pid:
-        return pids  # wrapped, or unknown: scan all
-    return (p for p in pids if since_pid < p <= newest)
+        return _all_pids()  # wrapped, or unknown: scan all
+    if newest - since_pid <= DIRECT_PROBE_MAX:
+        return (p for p in range(since_pid + 1, newest + 1) if _is_process(p))
+    return (p for p in _all_pids() if since_pid < p <= newest)
 
 
 def read_stat(pid: int) -> ProcInfo | None:
