@@ -43,19 +43,15 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 
-import trio
-
 from . import _inotify, _pidfd, _procfs
 from ._domain import Domain, DomainUnavailable
-from ._leader import Leader
 from ._procfs import ProcInfo
 
 ROOT_ENV = "TRIO_PROCOWN_CGROUP_ROOT"
 
 # $1: the cgroup.procs file; $2: the command (str commands only).
 _SHIM_EXEC = (
-    'echo 0 >"$0" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $0" >&2; exit 125; }; '
-    'exec "$@"'
+    'echo 0 >"$0" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $0" >&2; exit 125; }; exec "$@"'
 )
 _SHIM_EVAL = (
     'echo 0 >"$1" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $1" >&2; exit 125; }; '
@@ -262,7 +258,7 @@ class CgroupDomain(Domain):
             return []
 
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
-        if self.is_empty():
+        if self._unpopulated():
             return []
         leader_pid = self.leader.pid if self.leader else None
         found = []
@@ -275,10 +271,17 @@ class CgroupDomain(Domain):
         return found
 
     def holder(self) -> Callable[[ProcInfo], bool]:
-        inside = set() if self.is_empty() else set(self._pids())
+        inside = set() if self._unpopulated() else set(self._pids())
         return lambda info: info.pid in inside
 
+    # The leader is signalled through its own pidfd as well, and first: until
+    # the shim has written itself into cgroup.procs (a teardown can start that
+    # early, e.g. timeout=0) it is not listed, and it forks only after it is.
+
     def signal_graceful(self) -> str:
+        assert self.leader is not None
+        self.leader.signal(signal.SIGTERM)
+        self.leader.signal(signal.SIGCONT)
         listed = self._pids()
         fds = {pid: _pidfd.open_pidfd(pid) for pid in listed}
         still = set(self._pids())
@@ -295,6 +298,8 @@ class CgroupDomain(Domain):
         return f"SIGTERM+SIGCONT to {sent} member(s) of cgroup {self.path}"
 
     def force(self) -> str:
+        assert self.leader is not None
+        self.leader.signal(signal.SIGKILL)
         try:
             with open(self._file("cgroup.kill"), "w") as f:
                 f.write("1")
@@ -310,6 +315,11 @@ class CgroupDomain(Domain):
         return f"SIGKILL to cgroup {self.path} via cgroup.kill"
 
     def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
+        if self.leader is not None and self.leader.alive:
+            return False
+        return self._unpopulated()
+
+    def _unpopulated(self) -> bool:
         try:
             with open(self._file("cgroup.events")) as f:
                 for line in f:
@@ -321,14 +331,16 @@ class CgroupDomain(Domain):
         return False
 
     async def wait_empty(self) -> None:
-        if self.is_empty():
+        assert self.leader is not None
+        await self.leader.wait()
+        if self._unpopulated():
             return
         inotify = _inotify.shared()
         wd = inotify.add(self._file("cgroup.events"))
         try:
             while True:
                 changed = inotify.event(wd)
-                if self.is_empty():
+                if self._unpopulated():
                     return
                 await changed.wait()
         finally:

@@ -329,7 +329,9 @@ class OwnedCommand:
                 for drain in self._drains.values():
                     if not drain.done.is_set():
                         drain.abandon()
-                        self._step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
+                        self._step(
+                            Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned"
+                        )
                 for drain in self._drains.values():
                     await drain.done.wait()
                 action = Do.REAP
@@ -382,7 +384,9 @@ class OwnedCommand:
         fates = {}
         for pid, rec in self._leftovers.items():
             alive = any(m.pid == pid for m in live)
-            fates[pid] = ProcessRecord(pid, rec.cmdline, "alive" if alive else ("killed" if machine.forced else "terminated"))
+            fates[pid] = ProcessRecord(
+                pid, rec.cmdline, "alive" if alive else ("killed" if machine.forced else "terminated")
+            )
         streams = []
         truncated = False
         for drain in self._drains.values():
@@ -390,7 +394,9 @@ class OwnedCommand:
             truncated |= cap.dropped > 0
             state: Literal["eof", "abandoned"] = "abandoned" if drain.abandoned else "eof"
             streams.append(StreamRecord(drain.name, state, cap.total, cap.kept, cap.dropped))
-        output = machine.output or ("abandoned" if any(d.abandoned for d in self._drains.values()) else "complete")
+        output = machine.output or (
+            "abandoned" if any(d.abandoned for d in self._drains.values()) else "complete"
+        )
         if output == "complete" and truncated:
             output = "truncated"
         census_records = tuple(
@@ -579,7 +585,7 @@ def _stdin_fd(
         fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         child_fds.append(fd)
         return fd, None, None
-    if isinstance(stdin, (bytes, bytearray, memoryview)) or isinstance(stdin, trio.abc.ReceiveStream):
+    if isinstance(stdin, (bytes, bytearray, memoryview, trio.abc.ReceiveStream)):
         r, w = os.pipe()
         parent_fds.append(w)
         child_fds.append(r)
@@ -602,10 +608,7 @@ def _output_fd(
         child_fds.append(w)
         run._drains[name] = Drain(name, r, limit)
         return w
-    if target == DEVNULL:
-        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-    else:
-        fd = _open_target(target)
+    fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if target == DEVNULL else _open_target(target)
     child_fds.append(fd)
     return fd
 

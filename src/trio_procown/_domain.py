@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -178,9 +179,11 @@ def _still_in_group(info: ProcInfo, pgid: int) -> bool:
     return now is not None and now.pgrp == pgid and not now.zombie
 
 
-async def wait_for_processes(
-    procs: Sequence[ProcInfo], verify: Callable[[ProcInfo], bool]
-) -> None:
+def _gone(verify: Callable[[ProcInfo], bool], info: ProcInfo) -> bool:
+    return not verify(info)
+
+
+async def wait_for_processes(procs: Sequence[ProcInfo], verify: Callable[[ProcInfo], bool]) -> None:
     """Wait until each of `procs` has terminated (zombie or gone).
 
     `verify(info)` is checked after the pidfd is opened, so the handle is
@@ -190,7 +193,7 @@ async def wait_for_processes(
         fd = _pidfd.open_pidfd(info.pid)
         if fd is None:
             if not _pidfd.HAVE_PIDFD:
-                await _pidfd.poll_until(lambda: not verify(info))
+                await _pidfd.poll_until(functools.partial(_gone, verify, info))
             continue
         try:
             if verify(info):

@@ -194,31 +194,72 @@ class Drain:
             self._changed = trio.Event()
         await self._changed.wait()
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> ChunkStream:
         """Every retained byte from the start, then live, until the end."""
-        offset = 0
+        return ChunkStream(self)
+
+
+class ChunkStream:
+    """An async iterator over one stream's bytes, following the drain's record.
+
+    A plain iterator class rather than an async generator, so that a consumer
+    may stop at any point (break out of ``async for``) without leaving an
+    unfinished generator for the garbage collector.
+    """
+
+    def __init__(self, drain: Drain) -> None:
+        self._drain = drain
+        self.offset = 0
+        self.skipped = 0  # bytes dropped from the record before we read them
+
+    def __aiter__(self) -> ChunkStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        drain = self._drain
         while True:
-            offset, data, skipped = self.capture.read_from(offset)
-            if skipped:
-                self.skipped += skipped
+            self.offset, data, skipped = drain.capture.read_from(self.offset)
+            self.skipped += skipped
             if data:
-                yield data
+                await trio.lowlevel.checkpoint()
+                return data
+            if drain.done.is_set() and self.offset >= drain.capture.total:
+                raise StopAsyncIteration
+            await drain.wait_changed()
+
+
+class LineStream:
+    """An async iterator over text lines (newline kept), decoded incrementally
+    so a character split across chunks comes out whole."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], encoding: str, errors: str) -> None:
+        self._chunks = chunks
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
+        self._pending = ""
+        self._ready: deque[str] = deque()
+        self._finished = False
+
+    def __aiter__(self) -> LineStream:
+        return self
+
+    async def __anext__(self) -> str:
+        while not self._ready:
+            if self._finished:
+                raise StopAsyncIteration
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._finished = True
+                rest = self._pending + self._decoder.decode(b"", final=True)
+                self._pending = ""
+                if rest:
+                    self._ready.append(rest)
                 continue
-            if self.done.is_set() and offset >= self.capture.total:
-                return
-            await self.wait_changed()
+            *complete, self._pending = (self._pending + self._decoder.decode(chunk)).split("\n")
+            self._ready.extend(line + "\n" for line in complete)
+        return self._ready.popleft()
 
 
-async def lines(chunks: AsyncIterator[bytes], encoding: str, errors: str) -> AsyncIterator[str]:
-    """Split a byte stream into text lines (newline kept), decoding
-    incrementally so a character split across chunks comes out whole."""
-    decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
-    pending = ""
-    async for chunk in chunks:
-        pending += decoder.decode(chunk)
-        *complete, pending = pending.split("\n")
-        for line in complete:
-            yield line + "\n"
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield pending
+def lines(chunks: AsyncIterator[bytes], encoding: str, errors: str) -> LineStream:
+    """Split a byte stream into text lines; see LineStream."""
+    return LineStream(chunks, encoding, errors)

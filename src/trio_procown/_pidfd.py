@@ -16,10 +16,9 @@ import errno
 import os
 import select
 import signal
+from collections.abc import Callable
 
 import trio
-
-from collections.abc import Callable
 
 HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 

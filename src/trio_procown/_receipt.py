@@ -142,11 +142,7 @@ class Receipt:
         return None
 
     def _steps(self, action: Action, target: str | None = None) -> list[Step]:
-        return [
-            s
-            for s in self.steps
-            if s.action is action and (target is None or s.target == target)
-        ]
+        return [s for s in self.steps if s.action is action and (target is None or s.target == target)]
 
     def claims(self) -> list[str]:
         """The evidence as plain sentences, none stronger than the steps."""
@@ -189,7 +185,9 @@ class Receipt:
             if self.forced:
                 kill = next((s for s in signals if "SIGKILL" in s.detail), None)
                 if kill is not None:
-                    out.append(f"Members outlived the grace period; {kill.detail} was sent at +{kill.at:.3f}s.")
+                    out.append(
+                        f"Members outlived the grace period; {kill.detail} was sent at +{kill.at:.3f}s."
+                    )
                 last = waits[-1] if waits else None
                 if last is not None and last.outcome == "empty":
                     out.append(f"The domain was seen empty at +{last.at:.3f}s after the kill.")
@@ -197,9 +195,7 @@ class Receipt:
             out.append("Nothing of its domain was left running, so nothing was signalled.")
 
         if self.domain_empty:
-            out.append(
-                f"No live process of the {self.domain} domain ({self.domain_id}) was seen at the end."
-            )
+            out.append(f"No live process of the {self.domain} domain ({self.domain_id}) was seen at the end.")
         else:
             out.append(
                 f"The {self.domain} domain ({self.domain_id}) was NOT proven empty: "

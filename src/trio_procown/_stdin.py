@@ -16,20 +16,26 @@ from typing import TypeAlias, Union
 
 import trio
 
-StdinSource: TypeAlias = Union[None, bytes, bytearray, memoryview, str, "os.PathLike[str]", trio.abc.ReceiveStream]
+# None: /dev/null; bytes-like: fed through a pipe; str / PathLike: a file
+# the command reads itself; a ReceiveStream: copied through a pipe.
+StdinSource: TypeAlias = Union[
+    bytes, bytearray, memoryview, str, "os.PathLike[str]", trio.abc.ReceiveStream, None
+]
 
 
 class Feeder:
     """Writes bytes or a ReceiveStream into the command's stdin pipe."""
 
     def __init__(self, fd: int, source: bytes | trio.abc.ReceiveStream) -> None:
+        # bytes(...) copies bytearray/memoryview input once, so the caller
+        # may reuse its buffer while we feed.
         self.fd: int | None = fd
         self.source = source
         self.written = 0
         self.scope = trio.CancelScope(shield=True)  # ended by the teardown only
         os.set_blocking(fd, False)
 
-    async def _write_all(self, data: bytes | memoryview) -> bool:
+    async def _write_all(self, data: bytes | bytearray | memoryview) -> bool:
         view = memoryview(data)
         while view:
             assert self.fd is not None

@@ -1,0 +1,340 @@
+# Shared machinery of the benchmarks: configuration, round-robin interleaving
+# of the compared variants, summary statistics, the process marker that lets
+# us find (and kill) anything a benchmark left behind, and the description of
+# the machine the numbers were measured on.
+#
+# Why interleave: this is a noisy 2-core VM. Measuring variant A for a while
+# and then variant B lets a burst of background load land on one of them
+# only. Running one sample of each variant per round, rotating which goes
+# first, spreads the noise over all of them, so their ratio is meaningful
+# even when absolute times drift by 15% between runs.
+#
+# Why a marker: every command a benchmark starts inherits BENCH_MARKER=<uuid>
+# from os.environ (set once at start). Scanning /proc/*/environ for it finds
+# every descendant that is still alive, including ones that left their
+# process group, without ever touching a process that is not ours. Zombies
+# have no readable environment, so they are (correctly) not counted as alive.
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import trio
+
+import trio_procown
+
+MARKER_VAR = "BENCH_MARKER"
+T = TypeVar("T")
+DomainName = Literal["cgroup", "process-group"]
+
+Measure = Callable[[], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the run was asked to do."""
+
+    quick: bool
+    marker: str
+
+    def pick(self, quick: T, full: T) -> T:
+        """The quick-mode value in --quick runs, else the full-mode one."""
+        return quick if self.quick else full
+
+
+def usable_domains() -> list[DomainName]:
+    """The ownership domains this machine offers, strongest first."""
+    names: list[DomainName] = []
+    for option in trio_procown.available_domains():
+        if option.available and option.name in ("cgroup", "process-group"):
+            names.append("cgroup" if option.name == "cgroup" else "process-group")
+    return names
+
+
+def install_marker() -> str:
+    """Put a fresh marker in os.environ so every child inherits it."""
+    marker = uuid.uuid4().hex
+    os.environ[MARKER_VAR] = marker
+    return marker
+
+
+# -- statistics -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and extremes of a list of samples (seconds or any unit)."""
+
+    n: int
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        if not samples:
+            return cls(0, float("nan"), float("nan"), float("nan"))
+        return cls(len(samples), statistics.median(samples), min(samples), max(samples))
+
+    def scaled(self, factor: float) -> Stats:
+        return Stats(self.n, self.median * factor, self.min * factor, self.max * factor)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"n": self.n, "median": self.median, "min": self.min, "max": self.max}
+
+
+def paired_ratio(samples: Sequence[float], baseline: Sequence[float]) -> float:
+    """Median over rounds of sample/baseline taken in the same round."""
+    ratios = [a / b for a, b in zip(samples, baseline, strict=False) if b > 0]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def verdict(value: float, limit: float, *, at_most: bool = True) -> str:
+    """'met' or 'MISSED' for a printed (never asserted) target."""
+    if value != value:  # NaN
+        return "n/a"
+    ok = value <= limit if at_most else value >= limit
+    return "met" if ok else "MISSED"
+
+
+# -- timing -----------------------------------------------------------------------
+
+
+def timed_async(call: Callable[[], Awaitable[object]]) -> Measure:
+    """A measure that times one await of `call()` with perf_counter."""
+
+    async def measure() -> float:
+        start = time.perf_counter()
+        await call()
+        return time.perf_counter() - start
+
+    return measure
+
+
+def timed_sync(call: Callable[[], object]) -> Measure:
+    """A measure that times one blocking call (run in the trio thread)."""
+
+    async def measure() -> float:
+        start = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - start
+        await trio.lowlevel.checkpoint()
+        return elapsed
+
+    return measure
+
+
+async def interleaved(variants: Mapping[str, Measure], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Run `warmup` unrecorded rounds, then `rounds` recorded ones; each round
+    takes one sample of every variant, starting at a rotating position."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            await variants[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        gc.collect()  # outside any timed region: no collection lands in one variant only
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(await variants[name]())
+    return samples
+
+
+# -- the marker and survivors ------------------------------------------------------------
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")[:160]
+    except OSError:
+        return ""
+
+
+def marked_processes(marker: str) -> list[tuple[int, str]]:
+    """Live processes (zombies excluded) carrying our marker, except us."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        if _environ_has(pid, needle):
+            found.append((pid, _cmdline(pid)))
+    return found
+
+
+def kill_marked(marker: str) -> list[tuple[int, str]]:
+    """SIGKILL every live process carrying our marker, through a pidfd that
+    is re-verified after opening (never a recycled pid). Returns the killed."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    killed = []
+    for pid, cmd in marked_processes(marker):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            if _environ_has(pid, needle):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                killed.append((pid, cmd))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return killed
+
+
+def count_marked(marker: str) -> int:
+    return len(marked_processes(marker))
+
+
+# -- cgroup v2 (for the raw cgroup.kill reference) ------------------------------------
+
+
+def cgroup2_dir() -> str | None:
+    """Our own cgroup v2 directory (mount point + our path), or None."""
+    mount = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    mount = left.split()[4]
+                    break
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.strip()[3:] for ln in f if ln.startswith("0::")), None)
+    except OSError:
+        return None
+    if mount is None or rel is None:
+        return None
+    path = os.path.join(mount, rel.lstrip("/"))
+    return path if os.access(path, os.W_OK) else None
+
+
+# -- the machine -------------------------------------------------------------------
+
+
+def _git_commit() -> str:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    commit = out.stdout.strip() or "unknown"
+    return commit + (" (+uncommitted changes)" if dirty.stdout.strip() else "")
+
+
+def environment(cfg: Config) -> dict[str, Any]:
+    """When and where the numbers were measured."""
+    now = datetime.datetime.now(datetime.UTC)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = os.cpu_count() or 0
+    return {
+        "date_utc": now.strftime("%Y-%m-%d"),
+        "time_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mode": "quick" if cfg.quick else "full",
+        "hostname": socket.gethostname(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "executable": sys.executable,
+        "trio": trio.__version__,
+        "trio_procown": getattr(trio_procown, "__version__", "unknown"),
+        "commit": _git_commit(),
+        "cpu_count": os.cpu_count() or 0,
+        "cpus_usable": affinity,
+        "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "domains": {
+            o.name: ("available: " if o.available else "UNAVAILABLE: ") + o.reason
+            for o in trio_procown.available_domains()
+        },
+    }
+
+
+# -- what a scenario hands back -------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    """One scenario's results: tables and notes for the markdown report,
+    plain data for the JSON one."""
+
+    key: str
+    title: str
+    what: str
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+    survivors: list[tuple[int, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str = ""
+
+    def target(self, name: str, value: float, limit: float, unit: str, *, at_most: bool = True) -> str:
+        """Record a printed target and return its verdict."""
+        v = verdict(value, limit, at_most=at_most)
+        self.targets.append(
+            {"name": name, "value": value, "limit": limit, "unit": unit, "at_most": at_most, "verdict": v}
+        )
+        return v
+
+
+# -- formatting helpers -----------------------------------------------------------------------
+
+
+def us(x: float) -> str:
+    return f"{x * 1e6:,.0f}"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}"

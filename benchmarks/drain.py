@@ -1,0 +1,216 @@
+# Scenario 4: drain throughput and memory.
+#
+# What it measures: how fast each runtime empties a pipe that a command
+# fills as fast as it can. The writer is a Python process writing zeros in
+# 1 MiB os.write calls (same writer for every variant, so its own cost and
+# start-up are common to all). Variants, interleaved per round:
+#   - trio.run_process(capture_stdout=True): keeps everything in memory, so
+#     it runs at a smaller size (256 MB full, 200 MB quick);
+#   - run_owned(max_output=1 MiB) at that same size (same-size comparison);
+#   - a plain blocking os.read loop (1 MiB reads) on a subprocess.Popen pipe,
+#     at the large size (1 GB full, 200 MB quick);
+#   - run_owned(max_output=1 MiB) at the large size;
+#   - the writer with stdout on /dev/null: the ceiling no reader can beat.
+# Throughput is bytes / wall time from call to return (spawn included).
+# Then peak memory of run_owned at the large size above the interpreter's
+# baseline, in a fresh interpreter (benchmarks/_memprobe.py), with the plain
+# loop and trio's capture as references.
+#
+# Why: an owned command has one drain per stream for its whole life; it must
+# not be the bottleneck of a chatty command nor grow with its output.
+# Targets (printed): run_owned >= 3 x trio's capture, >= 0.7 x the plain
+# loop, peak memory < 16 MiB above baseline.
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+import trio_procown
+
+from ._harness import Config, Measure, Section, Stats, Table, interleaved, ratio, timed_async, timed_sync
+
+MiB = 1 << 20
+WRITER = r"""
+import os, sys
+left = int(sys.argv[1])
+block = memoryview(bytes(1 << 20))
+while left > 0:
+    left -= os.write(1, block[:min(left, len(block))])
+"""
+
+
+def writer_argv(size: int) -> list[str]:
+    return [sys.executable, "-S", "-c", WRITER, str(size)]
+
+
+def _plain_loop(size: int, problems: list[str]) -> None:
+    proc = subprocess.Popen(writer_argv(size), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    total = 0
+    while chunk := os.read(fd, MiB):
+        total += len(chunk)
+    proc.wait()
+    proc.stdout.close()
+    if total != size:
+        problems.append(f"plain loop read {total} of {size}")
+
+
+def _ceiling(size: int) -> None:
+    subprocess.run(writer_argv(size), stdout=subprocess.DEVNULL, check=True)
+
+
+async def _trio(size: int, problems: list[str]) -> None:
+    result = await trio.run_process(writer_argv(size), capture_stdout=True)
+    if len(result.stdout) != size:
+        problems.append(f"trio captured {len(result.stdout)} of {size}")
+
+
+async def _owned(size: int, problems: list[str]) -> None:
+    result = await trio_procown.run_owned(writer_argv(size), max_output=MiB)
+    r = result.receipt
+    out = next((s for s in r.streams if s.name == "stdout"), None)
+    if out is None or out.captured != size or r.cause != "exited" or r.output != "truncated":
+        problems.append(f"run_owned: cause={r.cause} output={r.output} stdout={out}")
+
+
+def _probe(variant: str, size: int) -> dict[str, object]:
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks._memprobe", variant, str(size)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"variant": variant, "size": size, "error": proc.stderr.strip()[-500:]}
+    data: dict[str, object] = json.loads(proc.stdout)
+    return data
+
+
+async def run(cfg: Config) -> Section:
+    section = Section(
+        "drain",
+        "4. Drain throughput and memory",
+        "A Python writer emits zeros in 1 MiB writes; GB/s = bytes / (call → return). 1 GB = 10^9 bytes.",
+    )
+    small = cfg.pick(200_000_000, 256_000_000)
+    big = cfg.pick(200_000_000, 1_000_000_000)
+    rounds = cfg.pick(3, 7)
+    problems: list[str] = []
+
+    trio_name = "trio.run_process capture_stdout"
+    owned_small = "run_owned max_output=1MiB (small)"
+    plain_name = "plain os.read loop, 1 MiB reads"
+    owned_big = "run_owned max_output=1MiB"
+    ceiling_name = "writer → /dev/null (ceiling)"
+    sizes: dict[str, int] = {trio_name: small}
+    variants: dict[str, Measure] = {trio_name: timed_async(lambda: _trio(small, problems))}
+    if big != small:
+        sizes[owned_small] = small
+        variants[owned_small] = timed_async(lambda: _owned(small, problems))
+    sizes.update({plain_name: big, owned_big: big, ceiling_name: big})
+    variants[plain_name] = timed_sync(lambda: _plain_loop(big, problems))
+    variants[owned_big] = timed_async(lambda: _owned(big, problems))
+    variants[ceiling_name] = timed_sync(lambda: _ceiling(big))
+
+    samples = await interleaved(variants, rounds, warmup=1)
+    gbps = {name: Stats.of([sizes[name] / t / 1e9 for t in s]) for name, s in samples.items()}
+
+    owned_same = owned_small if big != small else owned_big
+    r_trio_same = gbps[owned_same].median / gbps[trio_name].median
+    r_trio_cross = gbps[owned_big].median / gbps[trio_name].median
+    r_plain = gbps[owned_big].median / gbps[plain_name].median
+    v_trio = section.target("run_owned / trio capture (same size)", r_trio_same, 3.0, "x", at_most=False)
+    v_plain = section.target("run_owned / plain loop", r_plain, 0.7, "x", at_most=False)
+
+    table = Table(
+        ["variant", "size MB", "GB/s median", "min", "max", "x trio capture", "x plain loop"],
+        [],
+        caption=f"{rounds} rounds (interleaved) after 1 warm-up round.",
+    )
+    for name, st in gbps.items():
+        table.rows.append(
+            [
+                name,
+                f"{sizes[name] / 1e6:,.0f}",
+                f"{st.median:.2f}",
+                f"{st.min:.2f}",
+                f"{st.max:.2f}",
+                ratio(st.median / gbps[trio_name].median),
+                ratio(st.median / gbps[plain_name].median),
+            ]
+        )
+    section.tables.append(table)
+    targets = Table(
+        ["target", "measured", "verdict"],
+        [
+            [f"run_owned ≥ 3 x trio capture (both {small / 1e6:,.0f} MB)", f"{r_trio_same:.2f} x", v_trio],
+            [
+                f"(for reference: run_owned {big / 1e6:,.0f} MB vs trio {small / 1e6:,.0f} MB)",
+                f"{r_trio_cross:.2f} x",
+                "",
+            ],
+            [f"run_owned ≥ 0.7 x plain loop (both {big / 1e6:,.0f} MB)", f"{r_plain:.2f} x", v_plain],
+        ],
+    )
+    section.tables.append(targets)
+
+    probes = [_probe("run_owned", big), _probe("plain", big), _probe("trio", small)]
+    mem = Table(
+        [
+            "variant",
+            "size MB",
+            "baseline RSS MiB",
+            "peak above baseline MiB",
+            "ru_maxrss growth MiB",
+            "target",
+        ],
+        [],
+        caption="Fresh interpreter per row; peak = VmHWM after resetting it (clear_refs 5) minus VmRSS at baseline.",
+    )
+    for p in probes:
+        if "error" in p:
+            mem.rows.append([str(p["variant"]), "", "", f"error: {p['error']}", "", ""])
+            continue
+        delta = float(str(p["delta_kib"])) / 1024
+        target = ""
+        if p["variant"] == "run_owned":
+            if p.get("bytes_seen") != big:
+                problems.append(f"memprobe run_owned saw {p.get('bytes_seen')} of {big}")
+            target = (
+                f"< 16 MiB → {section.target('run_owned peak memory above baseline', delta, 16.0, 'MiB')}"
+            )
+        mem.rows.append(
+            [
+                str(p["variant"]),
+                f"{int(str(p['size'])) / 1e6:,.0f}",
+                f"{float(str(p['baseline_rss_kib'])) / 1024:.1f}",
+                f"{delta:.1f}",
+                f"{float(str(p['ru_delta_kib'])) / 1024:.1f}",
+                target,
+            ]
+        )
+    section.tables.append(mem)
+    if problems:
+        section.notes.append(f"{len(problems)} unexpected outcome(s); first: {problems[0]}")
+    section.data = {
+        "sizes": sizes,
+        "rounds": rounds,
+        "gbps": {k: v.to_dict() for k, v in gbps.items()},
+        "samples_seconds": samples,
+        "ratio_owned_vs_trio_same_size": r_trio_same,
+        "ratio_owned_big_vs_trio_small": r_trio_cross,
+        "ratio_owned_vs_plain": r_plain,
+        "memory": probes,
+        "problems": problems,
+    }
+    return section

@@ -1,0 +1,592 @@
+# The `procown` command line: `run`, `doctor` and `demo`.
+#
+# `procown run [options] -- COMMAND [ARG...]` is GNU `timeout` built on an
+# owned command. One trio.run holds, in one nursery:
+#
+#   - a signal watcher (trio.open_signal_receiver for SIGINT, SIGTERM and
+#     SIGHUP). The first signal is remembered and cancels the *current
+#     stage*; later signals cancel it again, which changes nothing while the
+#     library's shielded teardown runs, so a second Ctrl-C neither skips the
+#     teardown's bounds nor makes the teardown longer.
+#   - two pumps, one per stream, that follow `run.stream("stdout")` and
+#     `run.stream("stderr")` (the library's single drain; we never touch the
+#     pipes) and write each chunk to our own fd 1 / fd 2 as it arrives, so
+#     output streams through live and the two streams stay apart. Writes run
+#     in a worker thread (abandonable on cancel) so that a reader of ours that
+#     stops reading can never freeze the event loop, and with it the timeout
+#     or the signal handling. They use os.write on the fd (unbuffered, the
+#     same effect as buffer.write + flush) so that an abandoned write holds
+#     no Python-level lock at interpreter shutdown.
+#
+# Stages: (1) the owned block, inside a cancel scope the watcher cancels:
+# the command runs until it exits, its --timeout fires, or a signal cancels
+# the scope (the library tears down, then Cancelled is caught here). The
+# pumps live *outside* that scope, so what the command prints while it is
+# torn down still gets through. (2) forwarding what is left in memory: a
+# signal arriving during this stage abandons it. Then the receipt is written
+# and the exit status is computed from the receipt and the remembered
+# signal, following GNU timeout's conventions (see EPILOG). A broken pipe on
+# our stdout/stderr is treated like SIGPIPE: teardown, then 128+13.
+#
+# Argument errors print one line (`procown: error: ...`) and exit 125.
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import io
+import json
+import math
+import os
+import signal
+import sys
+import traceback
+from collections.abc import AsyncIterator, Sequence
+from typing import IO, Any, Literal, NoReturn, TextIO
+
+import trio
+
+from . import __version__
+from ._command import OwnedCommand, open_owned_command
+from ._domain import DomainUnavailable
+from ._receipt import Receipt
+from ._select import auto_choice, available_domains
+
+EXIT_TIMEOUT = 124  # the --timeout expired
+EXIT_PROCOWN = 125  # procown itself failed
+EXIT_CANNOT_RUN = 126  # the command was found but cannot be run
+EXIT_NOT_FOUND = 127  # the command was not found
+SIGNAL_BASE = 128  # 128+N: killed by / ended by signal N
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+EXAMPLES = """\
+examples:
+  procown run --timeout 600 -- make test
+  procown run --timeout 5 --receipt - -- sh -c 'server & client'
+  procown run --receipt receipt.json --domain process-group -- ./build.sh
+
+"""
+
+EPILOG = """\
+exit status (GNU timeout's conventions):
+  N      the command's own status when it exits by itself
+  128+N  the command was killed by signal N (not by procown's teardown)
+  124    the --timeout expired; the command was torn down
+  125    procown itself failed (bad option, domain unavailable, bad --cwd, ...)
+  126    the command was found but cannot be run (no permission)
+  127    the command was not found
+  128+N  procown received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143),
+         tore the command down, then exited (141 when its output pipe broke)
+"""
+
+RUN_DESCRIPTION = """\
+Run COMMAND so that procown owns every process it starts. When the command
+exits, when --timeout expires, or when procown receives SIGINT, SIGTERM or
+SIGHUP, whatever is left of it is torn down (SIGTERM, --grace seconds,
+SIGKILL, --kill-wait seconds) before procown exits. The command's stdout and
+stderr stream through live, kept apart; procown's stdin is passed to it.
+"""
+
+
+class CliError(Exception):
+    """An error of procown itself, reported on one line; exit status 125."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit with status 125."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_PROCOWN, f"procown: error: {message} (see '{self.prog} --help')\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"not a number of seconds: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if math.isnan(value) or value < 0 or math.isinf(value):
+        msg = f"must be a finite, non-negative number of seconds: {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `procown` argument parser."""
+    parser = _Parser(
+        prog="procown",
+        description="Run commands that own everything they start: bounded teardown, receipts.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"procown {__version__}")
+    sub = parser.add_subparsers(
+        title="subcommands", dest="subcommand", metavar="{run,doctor,demo}", required=True
+    )
+
+    run = sub.add_parser(
+        "run",
+        help="run a command, owned, with a timeout and a receipt",
+        usage="procown run [options] -- COMMAND [ARG...]",
+        description=RUN_DESCRIPTION,
+        epilog=EXAMPLES + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="S",
+        help="tear the command down after S seconds (exit status 124); default: no timeout",
+    )
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        default=2.0,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL in the teardown (default: %(default)s)",
+    )
+    run.add_argument(
+        "--kill-wait",
+        type=_seconds,
+        default=1.0,
+        metavar="S",
+        help="seconds to wait for the domain to empty after SIGKILL (default: %(default)s)",
+    )
+    run.add_argument(
+        "--domain",
+        choices=("auto", "cgroup", "process-group"),
+        default="auto",
+        help="what holds the command's processes; see `procown doctor` (default: %(default)s)",
+    )
+    run.add_argument(
+        "--escapees",
+        choices=("terminate", "report"),
+        default="terminate",
+        help="what to do with processes found outside the domain at teardown (default: %(default)s)",
+    )
+    run.add_argument("--cwd", metavar="DIR", help="run the command in DIR")
+    run.add_argument(
+        "--receipt",
+        metavar="FILE",
+        help="write the receipt to FILE as JSON; '-' prints a short summary on stderr at the end",
+    )
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="with --receipt -, print the receipt on stderr as JSON (alone, implies --receipt -)",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    run.set_defaults(run_parser=run)
+
+    sub.add_parser(
+        "doctor",
+        help="show which ownership domains this machine offers and which one auto picks",
+        description="Show which ownership domains this machine offers, which one `auto` picks, and why.",
+    )
+    sub.add_parser(
+        "demo",
+        help="a short built-in demonstration (about 4 seconds)",
+        description=(
+            "Run four small owned commands and print their receipts: a natural exit, a timeout "
+            "that also ends a forked grandchild, a command that ignores SIGTERM (forced), and an "
+            "outer cancellation that keeps the output printed before it. Exits 0 when every "
+            "receipt says what it should."
+        ),
+    )
+    return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What `procown run` was asked to do."""
+
+    command: list[str]
+    timeout: float | None = None
+    grace: float = 2.0
+    kill_wait: float = 1.0
+    domain: Literal["auto", "cgroup", "process-group"] = "auto"
+    escapees: Literal["terminate", "report"] = "terminate"
+    cwd: str | None = None
+    receipt: str | None = None
+    json: bool = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `procown` console script; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_PROCOWN
+    try:
+        if args.subcommand == "doctor":
+            return doctor()
+        if args.subcommand == "demo":
+            return trio.run(demo)
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            args.run_parser.error("a COMMAND is needed: procown run [options] -- COMMAND [ARG...]")
+        options = RunOptions(
+            command=command,
+            timeout=args.timeout,
+            grace=args.grace,
+            kill_wait=args.kill_wait,
+            domain=args.domain,
+            escapees=args.escapees,
+            cwd=args.cwd,
+            receipt=args.receipt,
+            json=args.json,
+        )
+        return run_command(options)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_PROCOWN
+    except KeyboardInterrupt:
+        # SIGINT outside the window where procown handles it itself.
+        return SIGNAL_BASE + signal.SIGINT
+    except CliError as exc:
+        _say(f"procown: error: {exc}")
+        return EXIT_PROCOWN
+    except Exception as exc:
+        traceback.print_exc()
+        _say(f"procown: internal error: {exc!r}")
+        return EXIT_PROCOWN
+
+
+def _say(text: str) -> None:
+    """One line on stderr; a broken stderr is ignored."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# -- procown run ---------------------------------------------------------------
+
+
+def run_command(options: RunOptions) -> int:
+    """`procown run`: run the command owned; return the exit status."""
+    if options.cwd is not None and not os.path.isdir(options.cwd):
+        msg = f"--cwd {options.cwd!r} is not a directory"
+        raise CliError(msg)
+    receipt_to = options.receipt
+    if receipt_to is None and options.json:
+        receipt_to = "-"
+    receipt_file: IO[str] | None = None
+    if receipt_to is not None and receipt_to != "-":
+        try:
+            receipt_file = open(receipt_to, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            msg = f"cannot write the receipt to {receipt_to!r}: {exc.strerror or exc}"
+            raise CliError(msg) from None
+    try:
+        status, receipt = trio.run(_run, options)
+    except BaseException:
+        if receipt_file is not None:
+            receipt_file.close()
+        raise
+    if receipt_file is not None:
+        with receipt_file:
+            if receipt is not None:
+                json.dump(receipt.to_dict(), receipt_file, indent=2)
+                receipt_file.write("\n")
+    elif receipt_to == "-" and receipt is not None:
+        text = json.dumps(receipt.to_dict(), indent=2) if options.json else receipt.summary()
+        _say(text)
+    return status
+
+
+class _Stopper:
+    """Remembers the first stop signal and cancels the current stage."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def stop(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            self.stop(signum)
+
+
+class _Sink:
+    """One of procown's own output streams, written with blocking writes
+    (called in a worker thread)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.fd: int | None = None
+        if stream is None:
+            return
+        try:
+            stream.flush()
+            self.fd = stream.fileno()
+        except (OSError, ValueError, io.UnsupportedOperation):
+            self.fd = None
+
+    def write(self, data: bytes) -> None:
+        if self.fd is not None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view) :]
+            return
+        if self.stream is None:
+            return
+        buffer: Any = getattr(self.stream, "buffer", None)
+        if buffer is not None:
+            buffer.write(data)
+            buffer.flush()
+        else:
+            self.stream.write(data.decode(errors="replace"))
+            self.stream.flush()
+
+
+async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: _Stopper) -> None:
+    """Forward one stream of the command, chunk by chunk, as it arrives."""
+    try:
+        async for chunk in chunks:
+            await trio.to_thread.run_sync(sink.write, chunk, abandon_on_cancel=True)
+    except BrokenPipeError:
+        # Our reader went away: like SIGPIPE for a plain pipeline.
+        stopper.stop(signal.SIGPIPE)
+
+
+async def _run(options: RunOptions) -> tuple[int, Receipt | None]:
+    stopper = _Stopper()
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stopper.watch, signals)
+            try:
+                return await _own(options, stopper)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | None]:
+    run: OwnedCommand | None = None
+    sinks = {"stdout": _Sink(sys.stdout), "stderr": _Sink(sys.stderr)}
+    forwarding = trio.CancelScope()
+    owned = trio.CancelScope()
+    with forwarding:
+        async with trio.open_nursery() as pumps:
+            stopper.scope = owned
+            with owned:
+                try:
+                    async with open_owned_command(
+                        options.command,
+                        timeout=options.timeout,
+                        grace=options.grace,
+                        kill_wait=options.kill_wait,
+                        stdin=_stdin(),
+                        cwd=options.cwd,
+                        domain=options.domain,
+                        escapees=options.escapees,
+                    ) as run:
+                        pumps.start_soon(_pump, run.stream("stdout"), sinks["stdout"], stopper)
+                        pumps.start_soon(_pump, run.stream("stderr"), sinks["stderr"], stopper)
+                        await run.wait()
+                except FileNotFoundError as exc:
+                    if run is not None:
+                        raise
+                    _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
+                    return EXIT_NOT_FOUND, None
+                except PermissionError as exc:
+                    if run is not None:
+                        raise
+                    _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
+                    return EXIT_CANNOT_RUN, None
+                except DomainUnavailable as exc:
+                    _say(f"procown: error: {exc}")
+                    return EXIT_PROCOWN, None
+                except OSError as exc:
+                    if run is not None:
+                        raise
+                    if exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
+                        _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
+                        return EXIT_CANNOT_RUN, None
+                    _say(f"procown: error: cannot start {options.command[0]!r}: {_reason(exc)}")
+                    return EXIT_PROCOWN, None
+            # The owned block is over (torn down); what is left to forward is
+            # in memory. A signal from now on abandons the forwarding.
+            stopper.scope = forwarding
+    stopper.scope = None
+    assert run is not None
+    receipt = run.receipt
+    assert receipt is not None
+    if owned.cancelled_caught or forwarding.cancel_called:
+        signum = stopper.signum
+        return (SIGNAL_BASE + signum if signum is not None else EXIT_PROCOWN), receipt
+    return exit_status(receipt), receipt
+
+
+def _stdin() -> str | None:
+    """Pass procown's stdin to the command when it can be reopened."""
+    try:
+        fd = os.open("/dev/stdin", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    os.close(fd)
+    return "/dev/stdin"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def exit_status(receipt: Receipt) -> int:
+    """The exit status for a receipt, when no signal ended procown."""
+    if receipt.cause == "timed_out":
+        return EXIT_TIMEOUT
+    if receipt.cause == "exited" and receipt.returncode is not None:
+        code = receipt.returncode
+        return code if code >= 0 else SIGNAL_BASE - code
+    return EXIT_PROCOWN
+
+
+# -- procown doctor ------------------------------------------------------------
+
+
+def doctor() -> int:
+    """`procown doctor`: which domains this machine offers and what auto picks."""
+    options = available_domains()
+    lines = ["ownership domains, strongest first:"]
+    width = max(len(o.name) for o in options)
+    for option in options:
+        state = "available  " if option.available else "unavailable"
+        lines.append(f"  {option.name:<{width}}  {state}  {option.reason}")
+    status = 0
+    try:
+        choice = auto_choice()
+    except DomainUnavailable as exc:
+        lines.append(f"auto picks: nothing ({exc})")
+        status = 1
+    else:
+        skipped = [o for o in options[: options.index(choice)] if not o.available]
+        why = "; ".join(f"{o.name} is unavailable: {o.reason}" for o in skipped)
+        if skipped:
+            lines.append(f"auto picks: {choice.name}, because {why}")
+        else:
+            lines.append(f"auto picks: {choice.name}, the strongest domain available here ({choice.reason})")
+    print("\n".join(lines), flush=True)
+    return status
+
+
+# -- procown demo --------------------------------------------------------------
+
+_DEMO_GRANDCHILD = "sleep 30 & echo started $!; sleep 30"
+_DEMO_STUBBORN = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ignoring SIGTERM', flush=True)\n"
+    "time.sleep(30)\n"
+)
+_DEMO_EARLY = "import time\nprint('early output', flush=True)\ntime.sleep(30)\n"
+
+
+def _show(heading: str, shown: str, run: OwnedCommand, checks: dict[str, bool]) -> bool:
+    receipt = run.receipt
+    assert receipt is not None
+    print(f"\n== {heading}")
+    print(f"$ {shown}")
+    for name, data in (("stdout", run.stdout), ("stderr", run.stderr)):
+        if data:
+            print(f"{name}: {data.decode(errors='replace')!r}")
+    if receipt.cause != "cancelled":
+        print(f"(`procown run` would exit with status {exit_status(receipt)})")
+    print(receipt.summary())
+    failed = [name for name, ok in checks.items() if not ok]
+    if failed:
+        print(f"UNEXPECTED: {', '.join(failed)}")
+    else:
+        print(f"ok: {', '.join(checks)}")
+    sys.stdout.flush()
+    return not failed
+
+
+def _gone(pid: int) -> bool:
+    """True when `pid` no longer runs (absent, or a zombie awaiting its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
+async def demo() -> int:
+    """`procown demo`: four owned commands and their receipts."""
+    python = sys.executable
+    results = []
+
+    async with open_owned_command(["echo", "hello"]) as run:
+        await run.wait()
+    receipt = run.receipt
+    assert receipt is not None
+    results.append(
+        _show(
+            "1. A natural exit",
+            "echo hello",
+            run,
+            {"cause exited": receipt.cause == "exited", "status 0": receipt.returncode == 0},
+        )
+    )
+
+    async with open_owned_command(_DEMO_GRANDCHILD, timeout=1) as run:
+        await run.wait()
+    receipt = run.receipt
+    assert receipt is not None
+    words = run.stdout.split()
+    grandchild = int(words[1]) if len(words) == 2 and words[1].isdigit() else None
+    results.append(
+        _show(
+            "2. A timeout that also ends the grandchild the shell forked",
+            f"procown run --timeout 1 -- sh -c '{_DEMO_GRANDCHILD}'",
+            run,
+            {
+                "cause timed_out": receipt.cause == "timed_out",
+                "domain empty": receipt.domain_empty,
+                f"grandchild (pid {grandchild}) terminated": grandchild is not None and _gone(grandchild),
+            },
+        )
+    )
+
+    async with open_owned_command([python, "-c", _DEMO_STUBBORN], timeout=1, grace=0.5) as run:
+        await run.wait()
+    receipt = run.receipt
+    assert receipt is not None
+    results.append(
+        _show(
+            "3. A command that ignores SIGTERM: SIGKILL after the grace period",
+            "procown run --timeout 1 --grace 0.5 -- python -c '<ignore SIGTERM; sleep 30>'",
+            run,
+            {"forced": receipt.forced, "killed by SIGKILL": receipt.returncode == -signal.SIGKILL},
+        )
+    )
+
+    with trio.move_on_after(1):
+        async with open_owned_command([python, "-c", _DEMO_EARLY]) as run:
+            await run.wait()
+    receipt = run.receipt
+    assert receipt is not None
+    results.append(
+        _show(
+            "4. An outer cancel (trio.move_on_after(1), no timeout of its own): output kept",
+            "python -c '<print early output; sleep 30>'",
+            run,
+            {
+                "cause cancelled": receipt.cause == "cancelled",
+                "early output kept": run.stdout == b"early output\n",
+            },
+        )
+    )
+    print(f"\n{sum(results)} of {len(results)} receipts as expected.")
+    return 0 if all(results) else 1

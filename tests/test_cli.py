@@ -1,0 +1,326 @@
+"""The `procown` command line, run as a real executable in a subprocess.
+
+Every test starts `python -m trio_procown ...` and waits for it with a
+timeout; a test that fails half-way still ends what it started (SIGTERM to
+procown so that it tears its command down, then SIGKILL). Synchronisation
+is by events: a line that the command printed and procown forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import py
+from trio_procown import Receipt
+
+PROCOWN = [sys.executable, "-m", "trio_procown"]
+WAIT = 20.0  # upper bound on any single wait for procown
+
+# A shell that forks a grandchild, prints its pid, and waits.
+GRANDCHILD = ["sh", "-c", "sleep 30 & echo $!; sleep 30"]
+
+
+def procown(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    """Run procown to completion (bounded), capturing its output."""
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run([*PROCOWN, *args], capture_output=True, timeout=WAIT, check=False, **kwargs)
+
+
+@contextmanager
+def started(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Start procown with piped output; end it whatever happens to the test."""
+    proc = subprocess.Popen(
+        [*PROCOWN, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # procown tears its command down
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+class LineReader:
+    """Read lines from a pipe with a deadline, without buffering past them."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.fd = pipe.fileno()
+        self.pending = b""
+
+    def readline(self, timeout: float = WAIT) -> bytes:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no complete line within {timeout}s (got {self.pending!r})")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                data = os.read(self.fd, 65536)
+                if not data:
+                    pytest.fail(f"end of output before a complete line (got {self.pending!r})")
+                self.pending += data
+        line, _, self.pending = self.pending.partition(b"\n")
+        return line + b"\n"
+
+
+def gone(pid: int) -> bool:
+    """True when `pid` no longer runs (absent, or a zombie left for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
+def error_line(stderr: bytes) -> str:
+    lines = stderr.decode().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def receipt_keys() -> set[str]:
+    return set(Receipt("exited", 0, "process-group", False, True, "complete").to_dict())
+
+
+# -- exit statuses ---------------------------------------------------------------
+
+
+def test_exit_status_is_the_commands_own() -> None:
+    """A command that exits by itself gives procown its exit status."""
+    done = procown("run", "--", *py("import sys; sys.exit(3)"))
+    assert done.returncode == 3, done.stderr
+
+
+def test_command_killed_by_a_signal_gives_128_plus_n() -> None:
+    """A command killed by signal N outside our teardown gives 128+N."""
+    done = procown("run", "--", *py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr
+
+
+def test_timeout_gives_124_and_ends_the_forked_grandchild(tmp_path: Path) -> None:
+    """--timeout gives 124 and the teardown also ends a grandchild the shell forked."""
+    receipt_path = tmp_path / "receipt.json"
+    done = procown("run", "--timeout", "0.5", "--receipt", str(receipt_path), "--", *GRANDCHILD)
+    assert done.returncode == 124, done.stderr
+    grandchild = int(done.stdout.split()[0])
+    assert gone(grandchild)
+    receipt = json.loads(receipt_path.read_text())
+    assert receipt["cause"] == "timed_out"
+    assert receipt["domain_empty"] is True
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["run", "--bogus", "--", "true"], id="unknown-option"),
+        pytest.param(["run", "--timeout", "soon", "--", "true"], id="bad-number"),
+        pytest.param(["run", "--grace", "-1", "--", "true"], id="negative"),
+        pytest.param(["run", "--domain", "jail", "--", "true"], id="bad-choice"),
+        pytest.param(["run"], id="no-command"),
+        pytest.param([], id="no-subcommand"),
+        pytest.param(["run", "--cwd", "/nonexistent/procown", "--", "true"], id="bad-cwd"),
+        pytest.param(["run", "--receipt", "/nonexistent/procown/r.json", "--", "true"], id="bad-receipt"),
+    ],
+)
+def test_error_of_procown_itself_gives_125_and_one_line(args: list[str]) -> None:
+    """A bad invocation prints one `procown: error: ...` line and exits 125."""
+    done = procown(*args)
+    assert done.returncode == 125
+    assert error_line(done.stderr).startswith("procown: error: ")
+    assert done.stdout == b""
+
+
+def test_unavailable_domain_gives_125() -> None:
+    """Asking for a domain this machine cannot offer is an error of procown: 125."""
+    env = {**os.environ, "TRIO_PROCOWN_CGROUP_ROOT": "/nonexistent/procown"}
+    done = procown("run", "--domain", "cgroup", "--", "true", env=env)
+    assert done.returncode == 125
+    assert "cgroup domain is unavailable" in error_line(done.stderr)
+
+
+def test_command_that_cannot_be_run_gives_126(tmp_path: Path) -> None:
+    """A command found but not executable gives 126, with nothing run."""
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o644)
+    done = procown("run", "--", str(script))
+    assert done.returncode == 126
+    assert error_line(done.stderr).startswith("procown: cannot run ")
+    assert done.stdout == b""
+
+
+def test_command_not_found_gives_127() -> None:
+    """A command that does not exist gives 127."""
+    done = procown("run", "--", "procown-no-such-command-here")
+    assert done.returncode == 127
+    assert "procown-no-such-command-here" in error_line(done.stderr)
+
+
+# -- signals to procown -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_to_procown_tears_down_then_exits_128_plus_n(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGINT/SIGTERM/SIGHUP to procown mid-run tear the whole command down, then 128+N."""
+    receipt_path = tmp_path / "receipt.json"
+    with started("run", "--receipt", str(receipt_path), "--", *GRANDCHILD) as proc:
+        grandchild = int(LineReader(proc.stdout).readline())
+        proc.send_signal(sig)
+        assert proc.wait(timeout=WAIT) == 128 + sig
+    assert gone(grandchild)
+    receipt = json.loads(receipt_path.read_text())
+    assert receipt["cause"] == "cancelled"
+    assert receipt["domain_empty"] is True
+
+
+def test_second_sigint_neither_skips_nor_lengthens_the_teardown(tmp_path: Path) -> None:
+    """A second Ctrl-C during the teardown keeps its grace and kill bounds, no more."""
+    receipt_path = tmp_path / "receipt.json"
+    stubborn = py(
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    grace, kill_wait = 1.0, 1.0
+    args = ["--grace", str(grace), "--kill-wait", str(kill_wait), "--receipt", str(receipt_path)]
+    with started("run", *args, "--", *stubborn) as proc:
+        out = LineReader(proc.stdout)
+        assert out.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        assert out.readline() == b"term\n"  # the teardown has begun
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT) == 128 + signal.SIGINT
+    receipt = json.loads(receipt_path.read_text())
+    assert receipt["cause"] == "cancelled"
+    assert receipt["forced"] is True
+    assert receipt["domain_empty"] is True
+    signals = [s for s in receipt["steps"] if s["action"] == "signal"]
+    assert "SIGTERM" in signals[0]["detail"]
+    assert "SIGKILL" in signals[-1]["detail"]
+    # Not skipped: SIGKILL only after the full grace period...
+    assert signals[-1]["at"] - signals[0]["at"] >= grace - 0.05
+    # ...and not lengthened: the teardown stayed within its budgets.
+    assert receipt["duration"] - signals[0]["at"] < grace + kill_wait + 0.5 + 1.0
+
+
+def test_broken_output_pipe_tears_down_and_exits_141() -> None:
+    """When procown's reader goes away, the command is torn down like a SIGPIPE'd pipeline."""
+    chatty = py("import time\nwhile True:\n    print('y', flush=True)\n    time.sleep(0.01)\n")
+    with started("run", "--", *chatty) as proc:
+        LineReader(proc.stdout).readline()
+        assert proc.stdout is not None
+        proc.stdout.close()
+        assert proc.wait(timeout=WAIT) == 128 + signal.SIGPIPE
+
+
+# -- output and receipts ----------------------------------------------------------
+
+
+def test_output_streams_live_and_stays_apart() -> None:
+    """Lines reach procown's stdout and stderr, each its own, while the command still runs."""
+    code = (
+        "import sys, time\n"
+        "print('to stdout', flush=True)\n"
+        "print('to stderr', file=sys.stderr, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    with started("run", "--", *py(code)) as proc:
+        assert LineReader(proc.stdout).readline(timeout=10) == b"to stdout\n"
+        assert LineReader(proc.stderr).readline(timeout=10) == b"to stderr\n"
+        assert proc.poll() is None  # the command has not ended
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 128 + signal.SIGTERM
+
+
+def test_stdin_is_passed_to_the_command() -> None:
+    """procown's stdin reaches the command."""
+    done = procown("run", "--", "cat", input=b"piped in\n", stdin=None)
+    assert (done.returncode, done.stdout) == (0, b"piped in\n")
+
+
+def test_receipt_file_is_the_librarys_json(tmp_path: Path) -> None:
+    """--receipt FILE writes JSON with exactly the keys of Receipt.to_dict()."""
+    receipt_path = tmp_path / "receipt.json"
+    done = procown("run", "--receipt", str(receipt_path), "--", *py("print('hi')"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"hi\n", b"")
+    receipt = json.loads(receipt_path.read_text())
+    assert set(receipt) == receipt_keys()
+    assert receipt["cause"] == "exited"
+    assert receipt["returncode"] == 0
+    assert receipt["output"] == "complete"
+
+
+def test_receipt_dash_json_goes_to_stderr() -> None:
+    """--receipt - --json prints the JSON receipt on stderr after the command's output."""
+    done = procown("run", "--receipt", "-", "--json", "--", *py("print('hi')"))
+    assert (done.returncode, done.stdout) == (0, b"hi\n")
+    receipt = json.loads(done.stderr)
+    assert set(receipt) == receipt_keys()
+    assert receipt["cause"] == "exited"
+
+
+def test_receipt_dash_prints_the_summary() -> None:
+    """--receipt - prints the receipt's short human summary on stderr."""
+    done = procown("run", "--timeout", "0.3", "--receipt", "-", "--", *py("import time; time.sleep(30)"))
+    assert done.returncode == 124
+    text = done.stderr.decode()
+    assert text.startswith("cause=timed_out ")
+    assert "reached its own timeout" in text
+
+
+# -- help, doctor, demo -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [[], ["run"], ["doctor"], ["demo"]], ids=lambda a: " ".join(a) or "top")
+def test_help_reads_well(args: Sequence[str]) -> None:
+    """`--help` works for procown and every subcommand, and documents the exit statuses."""
+    done = procown(*args, "--help")
+    assert done.returncode == 0
+    text = done.stdout.decode()
+    assert text.startswith(f"usage: procown {' '.join(args)}".rstrip())
+    if args in ([], ["run"]):
+        for status in ("124", "125", "126", "127", "128+N"):
+            assert status in text
+
+
+def test_doctor_names_the_domains_and_the_choice() -> None:
+    """`procown doctor` lists each domain and says what auto picks."""
+    done = procown("doctor")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    assert "cgroup" in text
+    assert "process-group" in text
+    assert "auto picks: " in text
+
+
+def test_demo_runs_and_every_receipt_holds() -> None:
+    """`procown demo` runs its four scenarios and each receipt says what it should."""
+    started_at = time.monotonic()
+    done = procown("demo")
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    text = done.stdout.decode()
+    assert "4 of 4 receipts as expected" in text
+    for cause in ("cause=exited", "cause=timed_out", "forced=True", "cause=cancelled"):
+        assert cause in text
+    assert time.monotonic() - started_at < 8

@@ -1,0 +1,349 @@
+"""The owned-command lifecycle: every way out runs the same bounded teardown."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+
+import pytest
+import trio
+
+import trio_procown
+from conftest import py
+from helpers import alive, domains, pids_in
+
+DOMAINS = domains()
+
+# Forks a grandchild that prints its pid, then both sleep; "ready" once forked.
+FORK_AND_SLEEP = "sleep 30 & echo pid $!; echo early-err >&2; echo ready; sleep 30"
+
+
+@pytest.fixture(params=DOMAINS)
+def domain(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def _until_line(run: trio_procown.OwnedCommand, text: str) -> None:
+    async for line in run.lines("stdout"):
+        if line.strip() == text:
+            return
+    raise AssertionError(f"stream ended before {text!r}")
+
+
+async def test_natural_exit(domain: str) -> None:
+    """A command that exits by itself: status read before any signal, nothing signalled."""
+    result = await trio_procown.run_owned(["sh", "-c", "echo out; echo err >&2; exit 3"], domain=domain)
+    assert (result.stdout, result.stderr, result.returncode) == (b"out\n", b"err\n", 3)
+    r = result.receipt
+    assert (r.cause, r.forced, r.domain_empty, r.output, r.domain) == (
+        "exited",
+        False,
+        True,
+        "complete",
+        domain,
+    )
+    assert not [s for s in r.steps if s.action is trio_procown.Action.SIGNAL]
+    assert r.claims()[0].startswith(f"The command (pid {r.pid}) exited by itself with status 3")
+
+
+async def test_timeout_kills_forked_grandchild_promptly(domain: str) -> None:
+    """Own timeout: no exception, grandchild terminated, early output kept, prompt return."""
+    start = trio.current_time()
+    async with trio_procown.open_owned_command(FORK_AND_SLEEP, timeout=0.5, domain=domain) as run:
+        receipt = await run.wait()
+    elapsed = trio.current_time() - start
+    assert receipt.cause == "timed_out"
+    assert receipt.returncode == -signal.SIGTERM
+    assert receipt.domain_empty
+    assert not receipt.forced
+    assert elapsed < 0.5 + 1.0
+    (grandchild,) = pids_in(run.stdout)
+    assert not alive(grandchild)
+    assert b"ready" in run.stdout
+    assert run.stderr == b"early-err\n"
+    assert run.receipt is receipt
+
+
+async def test_outer_cancel_without_timeout_keeps_early_output(domain: str) -> None:
+    """An outer cancel tears down first, then Cancelled propagates; early stdout/stderr survive."""
+    with trio.move_on_after(10) as outer:
+        async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
+            await _until_line(run, "ready")
+            outer.cancel()
+            await run.wait()
+            pytest.fail("wait() returned under a cancelled scope")
+    assert outer.cancelled_caught
+    assert run.receipt is not None
+    assert run.receipt.cause == "cancelled"
+    assert run.receipt.domain_empty
+    assert b"ready" in run.stdout
+    assert run.stderr == b"early-err\n"
+    (grandchild,) = pids_in(run.stdout)
+    assert not alive(grandchild)
+
+
+async def test_deadline_in_outer_scope(domain: str) -> None:
+    """trio.move_on_after around the block: the receipt says cancelled and the body never resumes."""
+    with trio.move_on_after(0.5):
+        async with trio_procown.open_owned_command("echo early; sleep 30", domain=domain) as run:
+            await run.wait()
+    assert run.receipt is not None
+    assert run.receipt.cause == "cancelled"
+    assert run.stdout == b"early\n"
+
+
+async def test_sigterm_ignoring_members_holding_pipes_are_forced(domain: str) -> None:
+    """Members that ignore SIGTERM and hold the pipes: SIGKILL after grace, bounded, output kept."""
+    code = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "for _ in range(3):\n"
+        "    if os.fork() == 0:\n"
+        "        os.write(1, b'pid %d\\n' % os.getpid()); time.sleep(60); os._exit(0)\n"
+        "time.sleep(0.2); print('ready', flush=True); time.sleep(60)\n"
+    )
+    start = trio.current_time()
+    async with trio_procown.open_owned_command(
+        py(code), timeout=1.5, grace=0.3, kill_wait=1.0, domain=domain
+    ) as run:
+        receipt = await run.wait()
+    elapsed = trio.current_time() - start
+    assert receipt.cause == "timed_out"
+    assert receipt.forced
+    assert receipt.domain_empty
+    assert receipt.returncode == -signal.SIGKILL
+    assert elapsed < 1.5 + 0.3 + 1.0 + 0.5 + 1.0
+    members = pids_in(run.stdout)
+    assert len(members) == 3
+    assert not any(alive(p) for p in members)
+    kills = [
+        s for s in receipt.steps if s.action is trio_procown.Action.SIGNAL and "KILL" in s.detail.upper()
+    ]
+    assert kills
+
+
+async def test_stopped_member_is_terminated_by_sigterm_with_sigcont(domain: str) -> None:
+    """A SIGSTOPped member gets SIGCONT with SIGTERM: it dies without the grace being spent."""
+    with trio.CancelScope() as outer:
+        async with trio_procown.open_owned_command(
+            "sleep 30 & echo pid $!; kill -STOP $!; echo ready; sleep 30", grace=5.0, domain=domain
+        ) as run:
+            await _until_line(run, "ready")
+            (member,) = pids_in(run.stdout)
+            run_start = trio.current_time()
+            outer.cancel()
+            await run.wait()
+    assert run.receipt is not None
+    assert not run.receipt.forced
+    assert run.receipt.domain_empty
+    assert trio.current_time() - run_start < 2.0  # far below the 5 s grace
+    assert not alive(member)
+
+
+async def test_finished_leader_with_background_job_holding_pipes(domain: str) -> None:
+    """The leader exits but its background job holds stdout: prompt return, job terminated and listed."""
+    start = trio.current_time()
+    result = await trio_procown.run_owned("sleep 30 & echo pid $!; echo bye", domain=domain)
+    assert trio.current_time() - start < 2.5
+    r = result.receipt
+    assert r.cause == "exited"
+    assert r.returncode == 0
+    (job,) = pids_in(result.stdout)
+    assert not alive(job)
+    assert [p.pid for p in r.leftovers] == [job]
+    assert r.domain_empty
+    assert any("outlived the leader" in c for c in r.claims())
+
+
+async def test_background_daemon_with_redirected_output(domain: str) -> None:
+    """A daemon with its output redirected away outlives a clean exit: it is terminated and listed."""
+    result = await trio_procown.run_owned("sleep 30 >/dev/null 2>&1 </dev/null & echo pid $!", domain=domain)
+    r = result.receipt
+    (daemon,) = pids_in(result.stdout)
+    assert not alive(daemon)
+    assert r.cause == "exited"
+    assert r.output == "complete"
+    assert [p.pid for p in r.leftovers] == [daemon]
+
+
+async def test_second_cancel_during_grace_does_not_cut_teardown_short(domain: str) -> None:
+    """A second cancellation while the teardown waits out the grace changes nothing."""
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    with trio.CancelScope() as outer, trio.CancelScope() as inner:
+        async with trio_procown.open_owned_command(py(code), grace=0.5, domain=domain) as run:
+            await _until_line(run, "ready")
+            inner.cancel()
+            outer.cancel()
+            await run.wait()
+    assert run.receipt is not None
+    assert run.receipt.cause == "cancelled"
+    assert run.receipt.forced
+    assert run.receipt.domain_empty
+    assert not alive(run.pid)
+
+
+class Boom(Exception):
+    pass
+
+
+async def test_body_exception_propagates_unwrapped_after_teardown(domain: str) -> None:
+    """An exception in the body: cause error, teardown done, the exception itself propagates."""
+    with pytest.raises(Boom) as info:
+        async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
+            await _until_line(run, "ready")
+            raise Boom("body failed")
+    assert type(info.value) is Boom
+    assert run.receipt is not None
+    assert run.receipt.cause == "error"
+    (grandchild,) = pids_in(run.stdout)
+    assert not alive(grandchild)
+
+
+async def test_keyboard_interrupt_in_body(domain: str) -> None:
+    """KeyboardInterrupt raised in the body: teardown runs, cause cancelled, KI propagates."""
+    with pytest.raises(KeyboardInterrupt):
+        async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
+            await _until_line(run, "ready")
+            raise KeyboardInterrupt
+    assert run.receipt is not None
+    assert run.receipt.cause == "cancelled"
+    (grandchild,) = pids_in(run.stdout)
+    assert not alive(grandchild)
+
+
+async def test_fifty_concurrent_commands_cancelled_together(domain: str) -> None:
+    """50 commands with grandchildren, cancelled by one scope: all torn down, none left."""
+    runs: list[trio_procown.OwnedCommand] = []
+    ready = trio.Semaphore(0)
+
+    async def one() -> None:
+        async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
+            runs.append(run)
+            await _until_line(run, "ready")
+            ready.release()
+            await run.wait()
+
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(one)
+            for _ in range(50):
+                await ready.acquire()
+            scope.cancel()
+    assert len(runs) == 50
+    for run in runs:
+        assert run.receipt is not None
+        assert run.receipt.cause == "cancelled"
+        assert run.receipt.domain_empty
+        (grandchild,) = pids_in(run.stdout)
+        assert not alive(grandchild)
+
+
+async def test_body_that_does_not_wait_still_waits_for_the_command(domain: str) -> None:
+    """Leaving the block normally waits for the command (bounded by its timeout)."""
+    async with trio_procown.open_owned_command("echo done", domain=domain) as run:
+        pass
+    assert run.receipt is not None
+    assert run.receipt.cause == "exited"
+    assert run.stdout == b"done\n"
+
+
+async def test_stdin_bytes_and_default_devnull(domain: str) -> None:
+    """bytes are fed to stdin; the default stdin is /dev/null, never ours."""
+    fed = await trio_procown.run_owned(["cat"], stdin=b"hello\n" * 1000, domain=domain)
+    assert fed.stdout == b"hello\n" * 1000
+    empty = await trio_procown.run_owned(["cat"], domain=domain)
+    assert empty.stdout == b""
+    assert empty.returncode == 0
+
+
+async def test_missing_executable_raises_before_anything_runs() -> None:
+    """A missing executable raises FileNotFoundError (an OSError)."""
+    with pytest.raises(FileNotFoundError):
+        await trio_procown.run_owned(["no-such-command-procown-test"])
+    with pytest.raises(FileNotFoundError):
+        await trio_procown.run_owned(["/no/such/path/cmd"])
+
+
+async def test_not_executable_raises_permission_error(tmp_path: object) -> None:
+    """A file without execute permission raises PermissionError."""
+    path = os.path.join(str(tmp_path), "script")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\necho hi\n")
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError):
+        await trio_procown.run_owned([path])
+
+
+async def test_bad_cwd_raises() -> None:
+    """A cwd that does not exist raises FileNotFoundError; a file as cwd NotADirectoryError."""
+    with pytest.raises(FileNotFoundError):
+        await trio_procown.run_owned(["true"], cwd="/no/such/dir")
+    with pytest.raises(NotADirectoryError):
+        await trio_procown.run_owned(["true"], cwd=sys.executable)
+
+
+async def test_cwd_is_used(tmp_path: object) -> None:
+    """The command runs in the given directory."""
+    result = await trio_procown.run_owned(["pwd"], cwd=str(tmp_path))
+    assert result.stdout.decode().strip() == os.path.realpath(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["timeout", "grace", "kill_wait", "drain_wait"])
+@pytest.mark.parametrize("value", [-1, -0.001, math.nan])
+async def test_bad_budgets_raise_value_error(name: str, value: float) -> None:
+    """Negative or NaN budgets raise ValueError before anything is spawned."""
+    with pytest.raises(ValueError, match=name):
+        await trio_procown.run_owned(["true"], **{name: value})
+
+
+async def test_zero_timeout_times_out_immediately(domain: str) -> None:
+    """timeout=0 is legal: the command is torn down at once."""
+    result = await trio_procown.run_owned("sleep 30", timeout=0, domain=domain)
+    assert result.receipt.cause == "timed_out"
+    assert result.receipt.domain_empty
+
+
+async def test_phase_goes_running_tearing_down_done(domain: str) -> None:
+    """run.phase moves through running, tearing down, done."""
+    seen: list[str] = []
+    async with trio_procown.open_owned_command("sleep 30", timeout=0.2, domain=domain) as run:
+        seen.append(run.phase.value)
+        await run.phase.wait_value("tearing down")
+        seen.append("tearing down")
+        await run.wait()
+        seen.append(run.phase.value)
+    assert seen == ["running", "tearing down", "done"]
+
+
+async def test_receipt_to_dict_is_json_ready(domain: str) -> None:
+    """to_dict() round-trips through JSON with the documented keys."""
+    import json
+
+    result = await trio_procown.run_owned("echo hi", domain=domain)
+    data = json.loads(json.dumps(result.receipt.to_dict()))
+    for key in (
+        "cause",
+        "returncode",
+        "domain",
+        "forced",
+        "domain_empty",
+        "output",
+        "escaped",
+        "steps",
+        "claims",
+    ):
+        assert key in data
+    assert data["cause"] == "exited"
+
+
+async def test_owned_command_cannot_be_built_directly() -> None:
+    """OwnedCommand has a private constructor."""
+    with pytest.raises(TypeError):
+        trio_procown.OwnedCommand(object())
