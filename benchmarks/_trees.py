@@ -118,3 +118,31 @@ def graceful_to_empty(receipt: trio_procown.Receipt) -> float | None:
         elif step.action.value == "wait" and step.target == "domain":
             return step.at - term_at if step.outcome == "empty" else None
     return None
+
+
+def phases(receipt: trio_procown.Receipt) -> dict[str, float]:
+    """Times (s since spawn) of the teardown's landmarks found in the steps:
+    stop, term (SIGTERM sent), kill (SIGKILL sent), empty (last domain wait
+    that ended 'empty'), eof (output wait that ended 'eof'), and receipt
+    (receipt.duration)."""
+    out: dict[str, float] = {"receipt": receipt.duration}
+    for step in receipt.steps:
+        action = step.action.value
+        if action == "stop":
+            out.setdefault("stop", step.at)
+        elif action == "signal" and step.target == "domain":
+            if "SIGTERM" in step.detail:
+                out.setdefault("term", step.at)
+            elif "SIGKILL" in step.detail or "cgroup.kill" in step.detail:
+                out.setdefault("kill", step.at)
+        elif action == "wait" and step.target == "domain" and step.outcome == "empty":
+            out["empty"] = step.at
+        elif action == "wait" and step.target == "output" and step.outcome == "eof":
+            out["eof"] = step.at
+    return out
+
+
+def span(ph: dict[str, float], start: str, end: str) -> float | None:
+    if start in ph and end in ph:
+        return ph[end] - ph[start]
+    return None

@@ -20,12 +20,7 @@
 
 from __future__ import annotations
 
-import itertools
-import os
-import select
 import signal
-import subprocess
-import time
 
 import trio
 
@@ -44,84 +39,10 @@ from ._harness import (
     ms,
     usable_domains,
 )
-from ._trees import force_to_empty, ready_pids, tree_argv
+from ._raw import raw_cgroup_kill, raw_killpg
+from ._trees import force_to_empty, phases, ready_pids, span, tree_argv
 
 DESCENDANTS = 49
-_counter = itertools.count()
-
-
-def _wait_pidfds(fds: list[int]) -> None:
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    left = set(fds)
-    while left:
-        for fd, _ev in poller.poll(5000):
-            poller.unregister(fd)
-            left.discard(fd)
-
-
-def raw_killpg(problems: list[str]) -> float:
-    """killpg(SIGKILL) of the tree, until every member has exited."""
-    argv = tree_argv(DESCENDANTS, ignore_term=True)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, start_new_session=True)
-    assert proc.stdout is not None
-    pids = ready_pids(proc.stdout.readline()) or []
-    fds = [os.pidfd_open(pid) for pid in [proc.pid, *pids]]
-    try:
-        start = time.perf_counter()
-        os.killpg(proc.pid, signal.SIGKILL)
-        _wait_pidfds(fds)
-        elapsed = time.perf_counter() - start
-    finally:
-        for fd in fds:
-            os.close(fd)
-        proc.wait()
-        proc.stdout.close()
-    if len(pids) != DESCENDANTS:
-        problems.append(f"raw killpg: tree not ready ({len(pids)} pids)")
-    return elapsed
-
-
-def raw_cgroup_kill(root: str, tag: str, problems: list[str]) -> float:
-    """cgroup.kill of a fresh child cgroup holding the tree, until 'populated 0'."""
-    path = os.path.join(root, f"bench-{tag}-{next(_counter)}")
-    os.mkdir(path)
-    argv = tree_argv(DESCENDANTS, ignore_term=True, gate=True)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.PIPE, start_new_session=True)
-    assert proc.stdout is not None
-    assert proc.stdin is not None
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "w") as f:
-            f.write(str(proc.pid))
-        proc.stdin.write(b"g")  # the leader forks only now, inside the cgroup
-        proc.stdin.close()
-        pids = ready_pids(proc.stdout.readline()) or []
-        events = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY)
-        try:
-            poller = select.poll()
-            poller.register(events, select.POLLPRI)
-            os.read(events, 4096)
-            start = time.perf_counter()
-            with open(os.path.join(path, "cgroup.kill"), "w") as f:
-                f.write("1")
-            while b"populated 0" not in os.pread(events, 4096, 0):
-                poller.poll(5000)
-            elapsed = time.perf_counter() - start
-        finally:
-            os.close(events)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        try:
-            os.rmdir(path)
-        except OSError as exc:
-            problems.append(f"raw cgroup: rmdir {path}: {exc}")
-    if len(pids) != DESCENDANTS:
-        problems.append(f"raw cgroup: tree not ready ({len(pids)} pids)")
-    return elapsed
 
 
 async def run(cfg: Config) -> Section:
@@ -138,7 +59,8 @@ async def run(cfg: Config) -> Section:
     argv = tree_argv(DESCENDANTS, ignore_term=True)
     problems: list[str] = []
     lib: dict[str, dict[str, list[float]]] = {
-        d: {"kill_to_empty": [], "deadline_to_return": []} for d in domains
+        d: {"kill_to_empty": [], "deadline_to_return": [], "stop_to_kill": [], "empty_to_receipt": []}
+        for d in domains
     }
 
     def owned(domain: DomainName) -> Measure:
@@ -153,6 +75,14 @@ async def run(cfg: Config) -> Section:
             if k is not None:
                 lib[domain]["kill_to_empty"].append(k)
             lib[domain]["deadline_to_return"].append(late)
+            ph = phases(r)
+            for key, (a, b) in {
+                "stop_to_kill": ("stop", "kill"),
+                "empty_to_receipt": ("empty", "receipt"),
+            }.items():
+                value = span(ph, a, b)
+                if value is not None:
+                    lib[domain][key].append(value)
             pids = ready_pids(result.stdout)
             left = count_marked(cfg.marker)
             if k is None or not r.forced or not r.domain_empty or pids is None or left:
@@ -168,7 +98,7 @@ async def run(cfg: Config) -> Section:
     raw: dict[str, Measure] = {}
 
     async def killpg_measure() -> float:
-        return raw_killpg(problems)
+        return raw_killpg(DESCENDANTS, ignore_term=True, sig=signal.SIGKILL, problems=problems)
 
     raw["raw killpg + pidfd poll"] = killpg_measure
     root = cgroup2_dir()
@@ -176,7 +106,7 @@ async def run(cfg: Config) -> Section:
         tag = cfg.marker[:8]
 
         async def cgroup_measure() -> float:
-            return raw_cgroup_kill(root, tag, problems)
+            return raw_cgroup_kill(root, tag, DESCENDANTS, problems)
 
         raw["raw cgroup.kill + events poll"] = cgroup_measure
     else:
@@ -187,10 +117,18 @@ async def run(cfg: Config) -> Section:
     samples = await interleaved(variants, rounds, warmup=1)
     for rec in lib.values():
         for key, values in rec.items():
-            rec[key] = values[-rounds:] if len(values) > rounds else values
+            rec[key] = values[-rounds:]
 
     table = Table(
-        ["variant", "kill→empty median ms", "min ms", "max ms", "deadline→return median ms (min-max)"],
+        [
+            "variant",
+            "kill→empty median ms",
+            "min ms",
+            "max ms",
+            "stop→SIGKILL ms",
+            "empty→receipt ms",
+            "deadline→return median ms (min-max)",
+        ],
         [],
         caption=f"timeout {timeout:g} s, grace 0, {rounds} rounds (interleaved) after 1 warm-up round. "
         "PLATFORM.md: killpg ~3.4 ms, cgroup.kill 3-4.5 ms.",
@@ -198,18 +136,22 @@ async def run(cfg: Config) -> Section:
     for d in domains:
         st = Stats.of(lib[d]["kill_to_empty"])
         dl = Stats.of(lib[d]["deadline_to_return"])
+        sk = Stats.of(lib[d]["stop_to_kill"])
+        er = Stats.of(lib[d]["empty_to_receipt"])
         table.rows.append(
             [
                 f"run_owned {d}",
                 ms(st.median),
                 ms(st.min),
                 ms(st.max),
+                f"{ms(sk.median)} ({ms(sk.min)}-{ms(sk.max)})",
+                f"{ms(er.median)} ({ms(er.min)}-{ms(er.max)})",
                 f"{ms(dl.median)} ({ms(dl.min)}-{ms(dl.max)})",
             ]
         )
     for name in raw:
         st = Stats.of(samples[name])
-        table.rows.append([name, ms(st.median), ms(st.min), ms(st.max), ""])
+        table.rows.append([name, ms(st.median), ms(st.min), ms(st.max), "", "", ""])
     section.tables.append(table)
     if problems:
         section.notes.append(f"{len(problems)} unexpected outcome(s); first: {problems[0]}")

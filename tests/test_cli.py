@@ -179,11 +179,14 @@ def test_command_not_found_gives_127() -> None:
 # -- signals to procown -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("domain", ["auto", "process-group"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_signal_to_procown_tears_down_then_exits_128_plus_n(tmp_path: Path, sig: signal.Signals) -> None:
+def test_signal_to_procown_tears_down_then_exits_128_plus_n(
+    tmp_path: Path, sig: signal.Signals, domain: str
+) -> None:
     """SIGINT/SIGTERM/SIGHUP to procown mid-run tear the whole command down, then 128+N."""
     receipt_path = tmp_path / "receipt.json"
-    with started("run", "--receipt", str(receipt_path), "--", *GRANDCHILD) as proc:
+    with started("run", "--domain", domain, "--receipt", str(receipt_path), "--", *GRANDCHILD) as proc:
         grandchild = int(LineReader(proc.stdout).readline())
         proc.send_signal(sig)
         assert proc.wait(timeout=WAIT) == 128 + sig
@@ -193,18 +196,21 @@ def test_signal_to_procown_tears_down_then_exits_128_plus_n(tmp_path: Path, sig:
     assert receipt["domain_empty"] is True
 
 
+# Survives SIGTERM, saying so on stdout; only SIGKILL ends it.
+STUBBORN = py(
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
 def test_second_sigint_neither_skips_nor_lengthens_the_teardown(tmp_path: Path) -> None:
     """A second Ctrl-C during the teardown keeps its grace and kill bounds, no more."""
     receipt_path = tmp_path / "receipt.json"
-    stubborn = py(
-        "import signal, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
-        "print('ready', flush=True)\n"
-        "time.sleep(30)\n"
-    )
     grace, kill_wait = 1.0, 1.0
     args = ["--grace", str(grace), "--kill-wait", str(kill_wait), "--receipt", str(receipt_path)]
-    with started("run", *args, "--", *stubborn) as proc:
+    with started("run", *args, "--", *STUBBORN) as proc:
         out = LineReader(proc.stdout)
         assert out.readline() == b"ready\n"
         proc.send_signal(signal.SIGINT)
@@ -222,6 +228,20 @@ def test_second_sigint_neither_skips_nor_lengthens_the_teardown(tmp_path: Path) 
     assert signals[-1]["at"] - signals[0]["at"] >= grace - 0.05
     # ...and not lengthened: the teardown stayed within its budgets.
     assert receipt["duration"] - signals[0]["at"] < grace + kill_wait + 0.5 + 1.0
+
+
+def test_signal_during_the_timeouts_teardown_keeps_124(tmp_path: Path) -> None:
+    """A signal that arrives while the timeout's teardown runs changes neither it nor the 124."""
+    receipt_path = tmp_path / "receipt.json"
+    args = ["--timeout", "0.5", "--grace", "0.5", "--receipt", str(receipt_path)]
+    with started("run", *args, "--", *STUBBORN) as proc:
+        out = LineReader(proc.stdout)
+        assert out.readline() == b"ready\n"
+        assert out.readline() == b"term\n"  # the timeout's teardown has begun
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 124
+    receipt = json.loads(receipt_path.read_text())
+    assert (receipt["cause"], receipt["forced"], receipt["domain_empty"]) == ("timed_out", True, True)
 
 
 def test_broken_output_pipe_tears_down_and_exits_141() -> None:

@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.subcommand == "doctor":
             return doctor()
         if args.subcommand == "demo":
-            return trio.run(demo)
+            return trio.run(_stoppable_demo)
         command = list(args.command)
         if command and command[0] == "--":
             command = command[1:]
@@ -422,7 +422,10 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
     assert run is not None
     receipt = run.receipt
     assert receipt is not None
-    if owned.cancelled_caught or forwarding.cancel_called:
+    # A signal that cancelled the command, or that cut the forwarding short,
+    # ended procown: 128+N. One that arrived while a teardown for another
+    # cause (the timeout, leftovers of an exit) was running changed nothing.
+    if receipt.cause == "cancelled" or forwarding.cancel_called:
         signum = stopper.signum
         return (SIGNAL_BASE + signum if signum is not None else EXIT_PROCOWN), receipt
     return exit_status(receipt), receipt
@@ -520,6 +523,23 @@ def _gone(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state in (b"Z", b"X")
+
+
+async def _stoppable_demo() -> int:
+    """The demo, ended (after the teardown of what it runs) by a stop signal."""
+    stopper = _Stopper()
+    status = EXIT_PROCOWN
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stopper.watch, signals)
+            with trio.CancelScope() as scope:
+                stopper.scope = scope
+                status = await demo()
+            nursery.cancel_scope.cancel()
+    if scope.cancelled_caught and stopper.signum is not None:
+        print(f"\ninterrupted by {signal.Signals(stopper.signum).name}", flush=True)
+        return SIGNAL_BASE + stopper.signum
+    return status
 
 
 async def demo() -> int:

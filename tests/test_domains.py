@@ -1,0 +1,199 @@
+"""Ownership domains: cgroup v2, the census of escapees, and domain selection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+import trio_procown
+from conftest import py
+from helpers import alive, domains, pids_in
+from trio_procown import _cgroup
+
+HAS_CGROUP = "cgroup" in domains()
+needs_cgroup = pytest.mark.skipif(not HAS_CGROUP, reason="no writable cgroup v2 here")
+
+# A setsid escapee: leaves the process group (and the session).
+SETSID_ESCAPEE = "setsid sleep 30 & echo pid $!; echo ready; sleep 30"
+
+# A classic double-forked daemon: fork, setsid, fork again, parent exits.
+DAEMON = (
+    "import os, sys, time\n"
+    "r, w = os.pipe()\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        os.write(w, b'%d\\n' % os.getpid())\n"
+    "        devnull = os.open(os.devnull, os.O_RDWR)\n"
+    "        for fd in (0, 1, 2): os.dup2(devnull, fd)\n"
+    "        time.sleep(30)\n"
+    "    os._exit(0)\n"
+    "daemon = int(os.read(r, 64))\n"
+    "os.write(1, b'pid %d\\n' % daemon)\n"
+)
+
+
+def _cleanup(pids: list[int]) -> None:
+    """Kill processes this test started and deliberately left (report mode)."""
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _our_cgroups() -> list[str]:
+    root = _cgroup.default_root()
+    if root is None:
+        return []
+    prefix = f"procown-{os.getpid()}-"
+    return [n for n in os.listdir(root) if n.startswith(prefix)]
+
+
+async def test_setsid_escapee_is_caught_by_census_under_process_group() -> None:
+    """Under the process group a setsid member leaves the domain; the census finds and terminates it."""
+    result = await trio_procown.run_owned(SETSID_ESCAPEE, timeout=0.5, domain="process-group")
+    (escapee,) = pids_in(result.stdout)
+    r = result.receipt
+    assert not alive(escapee)
+    assert [p.pid for p in r.census] == [escapee]
+    assert r.escaped == ()
+    assert any("left the domain" in c and "terminated" in c for c in r.claims())
+
+
+async def test_setsid_escapee_reported_only_under_report_policy() -> None:
+    """escapees="report" lists a live escapee in receipt.escaped and does not signal it."""
+    result = await trio_procown.run_owned(
+        SETSID_ESCAPEE, timeout=0.5, domain="process-group", escapees="report"
+    )
+    (escapee,) = pids_in(result.stdout)
+    try:
+        assert alive(escapee)
+        assert [p.pid for p in result.receipt.escaped] == [escapee]
+        assert "sleep 30" in result.receipt.escaped[0].cmdline
+        assert any("still alive at the end" in c for c in result.receipt.claims())
+    finally:
+        _cleanup([escapee])
+
+
+async def test_double_forked_daemon_after_exit_process_group() -> None:
+    """A double-forked daemon outlives a clean exit: the census terminates it."""
+    result = await trio_procown.run_owned(py(DAEMON), domain="process-group")
+    (daemon,) = pids_in(result.stdout)
+    assert result.receipt.cause == "exited"
+    assert not alive(daemon)
+    assert [p.pid for p in result.receipt.census] == [daemon]
+
+
+@needs_cgroup
+@pytest.mark.parametrize("command", [SETSID_ESCAPEE, "daemon"])
+async def test_cgroup_holds_setsid_and_daemons(command: str) -> None:
+    """Under the cgroup domain setsid members and daemons never leave: no census hit, none alive."""
+    cmd: str | list[str] = py(DAEMON) if command == "daemon" else command
+    result = await trio_procown.run_owned(cmd, timeout=0.5 if command != "daemon" else None, domain="cgroup")
+    (pid,) = pids_in(result.stdout)
+    r = result.receipt
+    assert not alive(pid)
+    assert r.census == ()
+    assert r.escaped == ()
+    assert r.domain_empty
+    assert r.domain_id.startswith(_cgroup.default_root() or "")
+
+
+@needs_cgroup
+async def test_cgroup_spawn_race_command_that_forks_at_once() -> None:
+    """A command that forks immediately: its children are always inside the cgroup (never census hits)."""
+    for _ in range(20):
+        result = await trio_procown.run_owned(
+            "sleep 30 & sleep 30 & echo ready; sleep 30", timeout=0.05, grace=1.0, domain="cgroup"
+        )
+        r = result.receipt
+        assert r.census == (), r.claims()
+        assert r.domain_empty
+        assert not r.forced
+
+
+@needs_cgroup
+async def test_cgroup_directories_are_removed_on_every_way_out() -> None:
+    """No cgroup directory is left after a natural exit, a timeout, a cancel and an error."""
+    before = _our_cgroups()
+    await trio_procown.run_owned("true", domain="cgroup")
+    await trio_procown.run_owned("sleep 30", timeout=0.1, domain="cgroup")
+    with trio.move_on_after(0.1):
+        await trio_procown.run_owned("sleep 30", domain="cgroup")
+    with pytest.raises(RuntimeError):
+        async with trio_procown.open_owned_command("sleep 30", domain="cgroup"):
+            raise RuntimeError("body failed")
+    assert _our_cgroups() == before
+
+
+@needs_cgroup
+async def test_cgroup_receipt_records_path_and_kill() -> None:
+    """A forced cgroup teardown uses cgroup.kill and records the cgroup path."""
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(30)\n"
+    result = await trio_procown.run_owned(py(code), timeout=1.0, grace=0.2, domain="cgroup")
+    r = result.receipt
+    assert r.forced and r.domain_empty
+    assert any("cgroup.kill" in s.detail for s in r.steps)
+    assert any(s.action is trio_procown.Action.RELEASE and "removed cgroup" in s.detail for s in r.steps)
+
+
+async def test_auto_falls_back_when_cgroups_are_not_usable(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pointed at a location that cannot hold cgroups, auto falls back to the process group."""
+    monkeypatch.setenv(_cgroup.ROOT_ENV, str(tmp_path))
+    options = {o.name: o for o in trio_procown.available_domains()}
+    assert not options["cgroup"].available
+    assert "not a cgroup v2 directory" in options["cgroup"].reason
+    assert trio_procown.auto_choice().name == "process-group"
+    result = await trio_procown.run_owned("echo hi")
+    assert result.receipt.domain == "process-group"
+
+
+async def test_auto_falls_back_on_a_read_only_location(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only cgroup-like location (here /proc/self) is refused with a reason."""
+    monkeypatch.setenv(_cgroup.ROOT_ENV, "/proc/self")
+    reason = _cgroup.unavailable_reason()
+    assert reason is not None
+    assert trio_procown.auto_choice().name == "process-group"
+
+
+async def test_asking_for_an_unavailable_domain_raises_with_reason(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """domain="cgroup" never falls back: it raises DomainUnavailable saying why."""
+    monkeypatch.setenv(_cgroup.ROOT_ENV, str(tmp_path))
+    with pytest.raises(trio_procown.DomainUnavailable, match="not a cgroup v2 directory"):
+        await trio_procown.run_owned("true", domain="cgroup")
+
+
+async def test_unknown_domain_name_is_a_value_error() -> None:
+    """A misspelt domain is a ValueError."""
+    with pytest.raises(ValueError, match="domain must be"):
+        await trio_procown.run_owned("true", domain="cgroups")  # type: ignore[arg-type]
+
+
+async def test_bad_escapee_policy_is_a_value_error() -> None:
+    """An unknown escapees policy is a ValueError."""
+    with pytest.raises(ValueError, match="escapees"):
+        await trio_procown.run_owned("true", escapees="ignore")  # type: ignore[arg-type]
+
+
+def test_subreaper_mode_reaps_orphans() -> None:
+    """With subreaper mode, zombies of the domain are reaped by us and the receipt says so."""
+    script = (
+        "import trio, trio_procown\n"
+        "async def main():\n"
+        "    r = await trio_procown.run_owned('sleep 30 & sleep 30', timeout=0.3,"
+        " domain='process-group', subreaper=True)\n"
+        "    print(r.receipt.unreaped == (), r.receipt.extras.get('reaped_orphans', 0))\n"
+        "trio.run(main)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30, check=True)
+    unreaped_none, reaped = out.stdout.decode().split()
+    assert unreaped_none == "True"
+    assert int(reaped) >= 1

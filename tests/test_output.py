@@ -1,0 +1,177 @@
+"""Output and input: the single drain, streaming, bounded memory, routing, stdin."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+import trio_procown
+from conftest import py
+
+
+async def test_stream_from_the_start_then_live() -> None:
+    """A stream subscribed after output began still sees it from the first byte, then follows live."""
+    async with trio_procown.open_owned_command(
+        "echo one; echo two; read x; echo three", stdin=b"go\n"
+    ) as run:
+        got = b"".join([chunk async for chunk in run.stream("stdout")])
+    assert got == b"one\ntwo\nthree\n"
+    assert run.stdout == got
+
+
+async def test_lines_follow_output_while_the_command_runs() -> None:
+    """Lines arrive while the command is still running (before it exits)."""
+    seen: list[str] = []
+    async with trio_procown.open_owned_command("echo first; sleep 30", timeout=10) as run:
+        async for line in run.lines():
+            seen.append(line)
+            break
+        assert run.returncode is None  # still running: the line came live
+    assert seen == ["first\n"]
+    assert run.receipt is not None and run.receipt.cause == "timed_out"
+
+
+async def test_consumer_that_stops_halfway_does_not_hang_or_lose_bytes() -> None:
+    """A consumer that stops reading halfway: no hang, the record keeps every byte."""
+    code = "import sys\nfor i in range(20000):\n    sys.stdout.write(f'line {i}\\n')\n"
+    async with trio_procown.open_owned_command(py(code)) as run:
+        n = 0
+        async for _ in run.lines():
+            n += 1
+            if n == 10:
+                break
+        receipt = await run.wait()
+    assert receipt.output == "complete"
+    assert run.stdout.count(b"\n") == 20000
+    assert run.stdout.endswith(b"line 19999\n")
+
+
+async def test_lines_decode_utf8_split_between_writes() -> None:
+    """A UTF-8 character written in two separate writes decodes whole."""
+    code = (
+        "import os, time\n"
+        "euro = '€'.encode()\n"
+        "os.write(1, b'price: ' + euro[:1]); time.sleep(0.2); os.write(1, euro[1:] + b'5')\n"
+    )
+    async with trio_procown.open_owned_command(py(code)) as run:
+        lines = [line async for line in run.lines()]
+    assert lines == ["price: €5"]
+
+
+async def test_one_gigabyte_with_one_mib_limit_keeps_head_and_tail() -> None:
+    """1 GB through a 1 MiB limit: head and tail kept, dropped bytes counted exactly, truncated."""
+    total = 1_000_000_000
+    code = (
+        "import os\n"
+        "block = bytes(range(256)) * 4096\n"  # 1 MiB of a repeating pattern
+        f"left = {total}\n"
+        "os.write(1, b'HEAD')\n"
+        "left -= 4\n"
+        "while left > 4:\n"
+        "    n = min(len(block), left - 4)\n"
+        "    os.write(1, block[:n]); left -= n\n"
+        "os.write(1, b'TAIL')\n"
+    )
+    limit = 1 << 20
+    result = await trio_procown.run_owned(py(code), max_output=limit, timeout=120)
+    r = result.receipt
+    assert r.output == "truncated"
+    (stdout,) = [s for s in r.streams if s.name == "stdout"]
+    assert stdout.captured == total
+    assert stdout.kept == limit
+    assert stdout.dropped == total - limit
+    assert len(result.stdout) == limit
+    assert result.stdout.startswith(b"HEAD")
+    assert result.stdout.endswith(b"TAIL")
+    assert any("dropped by the size limit" in c for c in r.claims())
+
+
+async def test_merged_stderr_keeps_write_order() -> None:
+    """stderr="stdout" merges both into one pipe, in the order written."""
+    code = "import os\nfor i in range(50):\n    os.write(1 + i % 2, b'%d\\n' % i)\n"
+    result = await trio_procown.run_owned(py(code), stderr=trio_procown.STDOUT)
+    assert result.stdout == b"".join(b"%d\n" % i for i in range(50))
+    assert result.stderr == b""
+
+
+async def test_output_to_files_and_devnull(tmp_path: object) -> None:
+    """stdout and stderr can go to files (written by the command) or be discarded."""
+    out = os.path.join(str(tmp_path), "out.txt")
+    err = os.path.join(str(tmp_path), "err.txt")
+    result = await trio_procown.run_owned("echo to-out; echo to-err >&2", stdout=out, stderr=err)
+    assert (result.stdout, result.stderr) == (b"", b"")
+    with open(out, "rb") as f:
+        assert f.read() == b"to-out\n"
+    with open(err, "rb") as f:
+        assert f.read() == b"to-err\n"
+    dropped = await trio_procown.run_owned("echo x; echo y >&2", stdout="devnull", stderr="devnull")
+    assert (dropped.stdout, dropped.stderr, dropped.returncode) == (b"", b"", 0)
+
+
+async def test_stream_of_uncaptured_output_is_an_error() -> None:
+    """Streaming a stream that is not captured raises a clear ValueError."""
+    async with trio_procown.open_owned_command("true", stderr="devnull") as run:
+        with pytest.raises(ValueError, match="not captured"):
+            run.stream("stderr")
+
+
+async def test_stdin_from_path(tmp_path: object) -> None:
+    """stdin as a path: the command reads the file."""
+    path = os.path.join(str(tmp_path), "in.txt")
+    with open(path, "wb") as f:
+        f.write(b"from a file\n")
+    result = await trio_procown.run_owned(["cat"], stdin=path)
+    assert result.stdout == b"from a file\n"
+
+
+async def test_stdin_from_receive_stream() -> None:
+    """stdin from a trio ReceiveStream: the feeder copies it through."""
+    send, receive = trio.testing.memory_stream_pair()
+
+    async def produce() -> None:
+        for i in range(3):
+            await send.send_all(b"chunk %d\n" % i)
+        await send.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        result = await trio_procown.run_owned(["cat"], stdin=receive)
+    assert result.stdout == b"chunk 0\nchunk 1\nchunk 2\n"
+
+
+async def test_command_exiting_without_reading_large_stdin() -> None:
+    """A command that exits without reading a large stdin: no hang, normal receipt."""
+    big = b"x" * (16 << 20)
+    start = trio.current_time()
+    result = await trio_procown.run_owned(["true"], stdin=big)
+    assert result.receipt.cause == "exited"
+    assert result.returncode == 0
+    assert trio.current_time() - start < 5
+
+
+async def test_command_that_stops_reading_stdin_does_not_hang_teardown() -> None:
+    """A command that never reads its stdin and runs on: the timeout tears it down promptly."""
+    big = b"x" * (16 << 20)
+    start = trio.current_time()
+    result = await trio_procown.run_owned("sleep 30", stdin=big, timeout=0.3)
+    assert result.receipt.cause == "timed_out"
+    assert trio.current_time() - start < 3
+
+
+async def test_abandoned_drain_when_escapee_holds_the_pipe() -> None:
+    """An escapee under report policy keeps the pipe open: the drain is abandoned after drain_wait, bytes kept."""
+    result = await trio_procown.run_owned(
+        "setsid sleep 30 & echo pid $!; echo kept",
+        domain="process-group",
+        escapees="report",
+        drain_wait=0.2,
+    )
+    pid = int(result.stdout.split()[1])
+    try:
+        assert result.receipt.output == "abandoned"
+        assert b"kept" in result.stdout
+        assert any("abandoned" in c for c in result.receipt.claims())
+    finally:
+        os.kill(pid, 9)
