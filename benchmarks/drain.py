@@ -104,7 +104,7 @@ async def run(cfg: Config) -> Section:
     )
     small = cfg.pick(200_000_000, 256_000_000)
     big = cfg.pick(200_000_000, 1_000_000_000)
-    rounds = cfg.pick(3, 7)
+    rounds = cfg.pick(5, 7)
     problems: list[str] = []
 
     trio_name = "trio.run_process capture_stdout"

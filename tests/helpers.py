@@ -23,3 +23,20 @@ def domains() -> list[str]:
 def pids_in(text: bytes) -> list[int]:
     """Integers printed one per line as 'pid N'."""
     return [int(line.split()[1]) for line in text.decode().splitlines() if line.startswith("pid ")]
+
+
+# Python code: fork a child that calls setsid() (leaving the process group and
+# session) and sleeps, holding stdout; the parent prints "pid N" only once the
+# child has left, then goes on with whatever code is appended.
+ESCAPEE = (
+    "import os, time\n"
+    "r, w = os.pipe()\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.setsid()\n"
+    "    os.write(w, b'x')\n"
+    "    time.sleep(30)\n"
+    "    os._exit(0)\n"
+    "os.read(r, 1)\n"
+    "os.write(1, b'pid %d\\n' % pid)\n"
+)
