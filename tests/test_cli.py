@@ -136,6 +136,7 @@ def test_timeout_gives_124_and_ends_the_forked_grandchild(tmp_path: Path) -> Non
         pytest.param(["run", "--timeout", "soon", "--", "true"], id="bad-number"),
         pytest.param(["run", "--grace", "-1", "--", "true"], id="negative"),
         pytest.param(["run", "--domain", "jail", "--", "true"], id="bad-choice"),
+        pytest.param(["run", "--max-output", "lots", "--", "true"], id="bad-size"),
         pytest.param(["run"], id="no-command"),
         pytest.param([], id="no-subcommand"),
         pytest.param(["run", "--cwd", "/nonexistent/procown", "--", "true"], id="bad-cwd"),
@@ -271,6 +272,31 @@ def test_output_streams_live_and_stays_apart() -> None:
         assert proc.poll() is None  # the command has not ended
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 128 + signal.SIGTERM
+
+
+def test_large_output_passes_through_whole() -> None:
+    """Output much larger than a pipe arrives byte for byte when procown's reader keeps up."""
+    size = 20 << 20
+    done = procown("run", "--", *py(f"import sys; sys.stdout.buffer.write(b'x' * {size})"))
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) == size
+
+
+def test_output_lost_to_a_slow_reader_is_an_error() -> None:
+    """If procown's reader falls so far behind that bytes were skipped, procown says so and exits 125."""
+    code = (
+        "import sys\n"
+        "sys.stdout.buffer.write(b'x' * (2 << 20))\n"
+        "sys.stdout.flush()\n"
+        "print('written', file=sys.stderr, flush=True)\n"
+    )
+    with started("run", "--max-output", "64K", "--", *py(code)) as proc:
+        err = LineReader(proc.stderr)
+        assert err.readline() == b"written\n"  # all written while nobody read our stdout
+        out, rest = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 125
+    assert len(out) < 2 << 20
+    assert b"were not passed on" in err.pending + rest
 
 
 def test_stdin_is_passed_to_the_command() -> None:

@@ -50,6 +50,7 @@ import trio
 from . import __version__
 from ._command import OwnedCommand, open_owned_command
 from ._domain import DomainUnavailable
+from ._drain import DEFAULT_MAX_OUTPUT
 from ._receipt import Receipt
 from ._select import auto_choice, available_domains
 
@@ -74,7 +75,8 @@ exit status (GNU timeout's conventions):
   N      the command's own status when it exits by itself
   128+N  the command was killed by signal N (not by procown's teardown)
   124    the --timeout expired; the command was torn down
-  125    procown itself failed (bad option, domain unavailable, bad --cwd, ...)
+  125    procown itself failed (bad option, domain unavailable, bad --cwd, ...,
+         or output lost because procown's own output was read too slowly)
   126    the command was found but cannot be run (no permission)
   127    the command was not found
   128+N  procown received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143),
@@ -111,6 +113,16 @@ def _seconds(text: str) -> float:
         msg = f"must be a finite, non-negative number of seconds: {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale != 1 else text
+    if not digits.isdigit() or int(digits) == 0:
+        msg = f"not a size in bytes (like 1048576, 512K, 64M, 1G): {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return int(digits) * scale
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--cwd", metavar="DIR", help="run the command in DIR")
     run.add_argument(
+        "--max-output",
+        type=_size,
+        default=DEFAULT_MAX_OUTPUT,
+        metavar="BYTES",
+        help=(
+            "memory bound per output stream (suffixes K, M, G); if procown's own output is read "
+            "so slowly that it falls more than half of it behind, bytes are lost and procown "
+            "exits 125 (default: 64M)"
+        ),
+    )
+    run.add_argument(
         "--receipt",
         metavar="FILE",
         help="write the receipt to FILE as JSON; '-' prints a short summary on stderr at the end",
@@ -211,6 +234,7 @@ class RunOptions:
     cwd: str | None = None
     receipt: str | None = None
     json: bool = False
+    max_output: int = DEFAULT_MAX_OUTPUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -240,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cwd=args.cwd,
             receipt=args.receipt,
             json=args.json,
+            max_output=args.max_output,
         )
         return run_command(options)
     except SystemExit as exc:
@@ -324,6 +349,7 @@ class _Sink:
 
     def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
+        self.forwarded = 0  # bytes of the command's stream passed on
         self.fd: int | None = None
         if stream is None:
             return
@@ -355,6 +381,7 @@ async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: _Stopper) ->
     try:
         async for chunk in chunks:
             await trio.to_thread.run_sync(sink.write, chunk, abandon_on_cancel=True)
+            sink.forwarded += len(chunk)
     except BrokenPipeError:
         # Our reader went away: like SIGPIPE for a plain pipeline.
         stopper.stop(signal.SIGPIPE)
@@ -390,6 +417,7 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
                         cwd=options.cwd,
                         domain=options.domain,
                         escapees=options.escapees,
+                        max_output=options.max_output,
                     ) as run:
                         pumps.start_soon(_pump, run.stream("stdout"), sinks["stdout"], stopper)
                         pumps.start_soon(_pump, run.stream("stderr"), sinks["stderr"], stopper)
@@ -428,7 +456,20 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
     if receipt.cause == "cancelled" or forwarding.cancel_called:
         signum = stopper.signum
         return (SIGNAL_BASE + signum if signum is not None else EXIT_PROCOWN), receipt
-    return exit_status(receipt), receipt
+    status = exit_status(receipt)
+    # The drain never waits for us: if our reader was so slow that we fell
+    # more than the kept tail behind the command, bytes were skipped. Never
+    # let that pass for success.
+    for record in receipt.streams:
+        sink = sinks.get(record.name)
+        if sink is not None and sink.forwarded < record.captured:
+            _say(
+                f"procown: error: {record.captured - sink.forwarded} byte(s) of the command's "
+                f"{record.name} were not passed on: procown's {record.name} was read too slowly "
+                f"and fell too far behind (raise --max-output); the command's own exit status was {status}"
+            )
+            status = EXIT_PROCOWN
+    return status, receipt
 
 
 def _stdin() -> str | None:

@@ -40,7 +40,7 @@ import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, final
+from typing import Literal, TypeAlias, TypedDict, Unpack, final
 
 import trio
 from trio_util import AsyncValue
@@ -624,7 +624,25 @@ class OwnedResult:
     receipt: Receipt
 
 
-async def run_owned(command: Command, **kwargs: object) -> OwnedResult:
+class OwnedOptions(TypedDict, total=False):
+    """The keyword arguments of `open_owned_command`, for `run_owned`."""
+
+    timeout: float | None
+    grace: float
+    kill_wait: float
+    drain_wait: float
+    stdin: StdinSource
+    stdout: Target
+    stderr: Target
+    cwd: str | os.PathLike[str] | None
+    env: Mapping[str, str] | None
+    domain: DomainChoice
+    escapees: EscapeePolicy
+    max_output: int
+    subreaper: bool
+
+
+async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:
     """Run `command` to completion as an owned command; return its output
     and receipt. Takes the same arguments as `open_owned_command`.
 
@@ -633,6 +651,6 @@ async def run_owned(command: Command, **kwargs: object) -> OwnedResult:
         result = await trio_procown.run_owned(["pytest", "-q"], timeout=600)
         print(result.returncode, result.receipt.cause)
     """
-    async with open_owned_command(command, **kwargs) as run:  # type: ignore[arg-type]
+    async with open_owned_command(command, **options) as run:
         receipt = await run.wait()
     return OwnedResult(run.stdout, run.stderr, receipt.returncode, receipt)
