@@ -23,7 +23,7 @@ from typing import Literal
 
 from . import _pidfd, _procfs
 from ._domain import Domain, wait_for_processes
-from ._procfs import ProcInfo
+from ._procfs import ProcessTable, ProcInfo
 from ._receipt import ProcessRecord
 
 COOKIE_VAR = "TRIO_PROCOWN_COOKIE"
@@ -43,21 +43,13 @@ class Census:
         self.found: dict[int, ProcessRecord] = {}  # every escapee seen, by pid
         self._signalled: set[int] = set()
 
-    def scan(self, domain: Domain, snap: list[ProcInfo]) -> list[ProcInfo]:
-        """Live processes carrying our cookie that are outside the domain.
-
-        `snap` is a snapshot of the candidate processes (see _procfs).
-        """
+    def scan(self, domain: Domain, table: ProcessTable) -> list[ProcInfo]:
+        """Live processes carrying our cookie that are outside the domain."""
+        hits = table.carrying(self.entry)
+        if not hits:
+            return []
         inside = domain.holder()
-        me = os.getpid()
-        outside = [
-            info
-            for info in snap
-            if not info.zombie
-            and info.pid != me
-            and not inside(info)
-            and _procfs.has_cookie(info.pid, self.entry)
-        ]
+        outside = [info for info in hits if not inside(info)]
         for info in outside:
             if info.pid not in self.found:
                 self.found[info.pid] = ProcessRecord(info.pid, _procfs.cmdline(info.pid), "found")

@@ -51,7 +51,7 @@ from ._domain import Domain
 from ._drain import DEFAULT_MAX_OUTPUT, Drain, lines
 from ._escalation import Budgets, Do, Escalation, Event
 from ._leader import Leader
-from ._procfs import ProcInfo
+from ._procfs import ProcessTable, ProcInfo
 from ._receipt import Action, Cause, ProcessRecord, Receipt, Step, StreamRecord
 from ._select import DomainChoice, make_domain
 from ._stdin import Feeder, StdinSource
@@ -234,8 +234,8 @@ class OwnedCommand:
     def _lived(self) -> float:
         return trio.current_time() - self._started
 
-    def _snapshot(self) -> list[ProcInfo]:
-        return _procfs.snapshot(self._leader.pid, self._lived())
+    async def _table(self) -> ProcessTable:
+        return await _procfs.table_for(self._leader.pid, self._lived())
 
     def _request_stop(self, cause: Cause) -> None:
         if self._stop_cause is None:
@@ -285,9 +285,9 @@ class OwnedCommand:
         action = machine.next_action
         while action is not Do.NOTHING:
             if action is Do.CHECK_DOMAIN:
-                snap = self._snapshot()
-                live = self._domain.live_members(snap)
-                escapees = census.scan(self._domain, snap)
+                table = await self._table()
+                live = self._domain.live_members(table.rows)
+                escapees = census.scan(self._domain, table)
                 self._step(
                     Action.SCAN,
                     "domain",
@@ -301,7 +301,7 @@ class OwnedCommand:
                 action = machine.handle(event)
             elif action is Do.SIGNAL_GRACEFUL:
                 if not escapees:
-                    escapees = census.scan(self._domain, self._snapshot())
+                    escapees = census.scan(self._domain, await self._table())
                 detail = self._domain.signal_graceful()
                 self._step(Action.SIGNAL, "domain", detail)
                 if escapees and census.policy == "terminate":
@@ -312,7 +312,7 @@ class OwnedCommand:
                 detail = self._domain.force()
                 self._step(Action.SIGNAL, "domain", detail)
                 if census.policy == "terminate":
-                    escapees = census.scan(self._domain, self._snapshot())
+                    escapees = census.scan(self._domain, await self._table())
                     if escapees:
                         n = census.signal(escapees, (signal.SIGKILL,))
                         self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
@@ -336,7 +336,7 @@ class OwnedCommand:
                     await drain.done.wait()
                 action = Do.REAP
             elif action is Do.REAP:
-                self._finish()
+                self._finish(await self._table())
                 action = machine.handle(Event.REAPED)
             else:  # pragma: no cover - the machine has no other actions here
                 msg = f"unexpected action {action!r}"
@@ -349,21 +349,26 @@ class OwnedCommand:
             await self._domain.wait_empty()
             while owned:
                 await census.wait_gone(owned)
-                owned = census.scan(self._domain, self._snapshot())
+                owned = census.scan(self._domain, await self._table())
         outcome = "expired" if scope.cancelled_caught else "empty"
         self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
 
-    def _finish(self) -> None:
-        """Reap, release, and write the receipt. Never waits."""
+    def _finish(self, table: ProcessTable | None = None) -> None:
+        """Reap, release, and write the receipt. Never waits.
+
+        `table` is a process-table scan taken for this purpose; without one
+        (an emergency exit of the teardown) a private scan is made.
+        """
+        if table is None:
+            table = ProcessTable(_procfs.snapshot(self._leader.pid, self._lived()))
         domain = self._domain
         leader = self._leader
         machine = self._machine
         for drain in self._drains.values():
             if not drain.done.is_set():
                 drain.abandon()
-        snap = self._snapshot()
-        members = domain.members(snap)
+        members = domain.members(table.rows)
         live = [m for m in members if not m.zombie]
         zombies = [m for m in members if m.zombie]
         reaped_orphans = 0
@@ -372,8 +377,8 @@ class OwnedCommand:
 
             reaped_orphans = reap_orphans(zombies)
             zombies = [z for z in zombies if _procfs.read_stat(z.pid) is not None]
-        domain_empty = domain.is_empty(snap)
-        escaped = self._census.scan(domain, snap)
+        domain_empty = domain.is_empty(table.rows)
+        escaped = self._census.scan(domain, table)
         if leader.reap():
             self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
         else:

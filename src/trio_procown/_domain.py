@@ -168,7 +168,8 @@ class ProcessGroupDomain(Domain):
         assert self.leader is not None
         while True:
             await self.leader.wait()
-            live = self.live_members()
+            table = await _procfs.table_for(self.leader.pid, self._lived())
+            live = self.live_members(table.rows)
             if not live:
                 return
             await wait_for_processes(live, lambda info: _still_in_group(info, self.pgid))

@@ -19,16 +19,29 @@
 # a second, far beyond what these machines can do. Anything else gets a full
 # scan.
 #
+# A full scan is shared. When many commands are torn down together (500
+# cancelled by one scope), each teardown would otherwise read the whole
+# process table several times, and the scans alone would starve the event
+# loop for seconds. Full scans therefore go through a per-run coalescer:
+# the first teardown that asks yields once, so that every teardown asking in
+# the same scheduling batch joins the same round, then one scan serves them
+# all. A round always *starts* after each of its requests was made, so a
+# shared table is never older than the question it answers. The census's
+# cookie index (one environ read per live process) is built lazily, once
+# per table.
+#
 # Non-Linux platforms fall back to psutil for everything.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psutil
+import trio
 
 IS_LINUX = sys.platform.startswith("linux")
 
@@ -148,6 +161,11 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def narrow_enough(since_pid: int | None, lived: float) -> bool:
+    """True when a scan for this leader may be narrowed (module comment)."""
+    return IS_LINUX and since_pid is not None and lived < FULL_SCAN_AFTER
+
+
 def snapshot(since_pid: int | None, lived: float) -> list[ProcInfo]:
     """The processes that may descend from the leader `since_pid`, zombies
     included (narrowed as the module comment explains)."""
@@ -158,6 +176,10 @@ def snapshot(since_pid: int | None, lived: float) -> list[ProcInfo]:
             if info is not None:
                 rows.append(info)
         return rows
+    return _psutil_rows()
+
+
+def _psutil_rows() -> list[ProcInfo]:
     rows = []
     for proc in psutil.process_iter(["pid", "ppid", "status"]):
         try:
@@ -166,6 +188,105 @@ def snapshot(since_pid: int | None, lived: float) -> list[ProcInfo]:
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return rows
+
+
+class ProcessTable:
+    """One scan of the process table, with lazily built indexes."""
+
+    def __init__(self, rows: list[ProcInfo]) -> None:
+        self.rows = rows
+        self._by_key: dict[bytes, dict[bytes, list[ProcInfo]]] = {}
+
+    def carrying(self, entry: bytes) -> list[ProcInfo]:
+        """Live rows whose environment holds `entry` (KEY=VALUE)."""
+        key = entry.partition(b"=")[0] + b"="
+        index = self._by_key.get(key)
+        if index is None:
+            index = self._by_key[key] = self._index(key)
+        return index.get(entry, [])
+
+    def _index(self, key: bytes) -> dict[bytes, list[ProcInfo]]:
+        me = os.getpid()
+        index: dict[bytes, list[ProcInfo]] = {}
+        for info in self.rows:
+            if info.zombie or info.pid == me:
+                continue
+            found = environ_entry(info.pid, key)
+            if found is not None:
+                index.setdefault(found, []).append(info)
+        return index
+
+
+def environ_entry(pid: int, key: bytes) -> bytes | None:
+    """The whole KEY=VALUE entry of `pid`'s environment for `key` (which
+    ends with "="), or None."""
+    if not IS_LINUX:
+        name = key[:-1].decode()
+        try:
+            value = psutil.Process(pid).environ().get(name)
+        except (psutil.Error, OSError):
+            return None
+        return None if value is None else key + value.encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    if env.startswith(key):
+        start = 0
+    else:
+        start = env.find(b"\0" + key)
+        if start < 0:
+            return None
+        start += 1
+    end = env.find(b"\0", start)
+    return env[start:] if end < 0 else env[start:end]
+
+
+class _Round:
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.table: ProcessTable | None = None
+
+
+class _Coalescer:
+    """Shares one full scan among the requests of one scheduling batch."""
+
+    def __init__(self) -> None:
+        self._next: _Round | None = None
+
+    async def table(self) -> ProcessTable:
+        joined = self._next
+        if joined is not None:
+            await joined.done.wait()
+            assert joined.table is not None
+            return joined.table
+        this = self._next = _Round()
+        try:
+            # Let every teardown that asks in this batch join this round.
+            await trio.lowlevel.checkpoint()
+        finally:
+            self._next = None
+            this.table = ProcessTable(snapshot(None, math.inf))
+            this.done.set()
+        return this.table
+
+
+_COALESCER: trio.lowlevel.RunVar[_Coalescer] = trio.lowlevel.RunVar("trio_procown_scans")
+
+
+async def table_for(since_pid: int | None, lived: float) -> ProcessTable:
+    """A scan for the command whose leader is `since_pid`: narrow and
+    private when that is sound, otherwise a full scan shared with the other
+    teardowns of this scheduling batch."""
+    if narrow_enough(since_pid, lived):
+        return ProcessTable(snapshot(since_pid, lived))
+    try:
+        coalescer = _COALESCER.get()
+    except LookupError:
+        coalescer = _Coalescer()
+        _COALESCER.set(coalescer)
+    return await coalescer.table()
 
 
 def has_cookie(pid: int, cookie: bytes) -> bool:

@@ -1,0 +1,1 @@
+"""pytest plugin: fail tests that leak processes (placeholder, being built)."""
