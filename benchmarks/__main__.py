@@ -6,12 +6,15 @@
 # every command any benchmark starts); after each scenario and at the end it
 # scans /proc for live processes carrying the marker, reports them as
 # survivors, and SIGKILLs exactly those (by verified pidfd, never by name).
+# At the end it also lists (and removes, if empty) any child cgroup that
+# trio_procown created for this process and did not remove.
 # Exit status: 0, or 1 if a scenario raised, or 2 with --fail-on-survivors
 # when a survivor was found. Timing never affects the exit status.
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -21,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from . import deadline, drain, force, scaling, spawn
-from ._harness import Config, Section, environment, install_marker, kill_marked
+from ._harness import Config, Section, environment, install_marker, kill_marked, leftover_cgroups
 from ._report import write
 
 SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
@@ -75,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     sections, total = trio.run(_main, cfg, names)
     time.sleep(0.1)
     final = kill_marked(cfg.marker)
-    path = write(env, sections, final, total)
+    cgroups = leftover_cgroups(os.getpid(), remove=True)
+    path = write(env, sections, final, total, cgroups)
     print(path.read_text())
     print(f"[benchmarks] report written to {path} and {path.with_suffix('.json')}", file=sys.stderr)
     if any(s.error for s in sections):
         return 1
-    if args.fail_on_survivors and (final or any(s.survivors for s in sections)):
+    if args.fail_on_survivors and (final or cgroups or any(s.survivors for s in sections)):
         return 2
     return 0
 

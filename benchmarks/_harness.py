@@ -235,6 +235,27 @@ def cgroup2_dir() -> str | None:
     return path if os.access(path, os.W_OK) else None
 
 
+def leftover_cgroups(pid: int, *, remove: bool = False) -> list[str]:
+    """Child cgroups that trio_procown created for process `pid` (named
+    procown-<pid>-...) and that still exist; with `remove`, rmdir the empty
+    ones after listing them (they are ours)."""
+    root = cgroup2_dir()
+    if root is None:
+        return []
+    prefix = f"procown-{pid}-"
+    try:
+        found = sorted(n for n in os.listdir(root) if n.startswith(prefix))
+    except OSError:
+        return []
+    if remove:
+        for name in found:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
+    return found
+
+
 # -- the machine -------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ import trio
 
 import trio_procown
 
+from ._harness import leftover_cgroups
 from .drain import writer_argv
 
 
@@ -102,6 +103,7 @@ def main() -> None:
         "ru_maxrss_before_kib": ru_before,
         "ru_maxrss_after_kib": ru_after,
         "ru_delta_kib": ru_after - ru_before,
+        "leftover_cgroups": leftover_cgroups(os.getpid(), remove=True),
     }
     print(json.dumps(report))
 

@@ -29,7 +29,7 @@ def _fmt_value(target: dict[str, Any]) -> str:
         return f"{value * 1e3:.2f} ms"
     if unit == "x":
         return f"{value:.2f} x"
-    return f"{value:g} {unit}"
+    return f"{value:.2f} {unit}" if unit == "MiB" else f"{value:g} {unit}"
 
 
 def _fmt_limit(target: dict[str, Any]) -> str:
@@ -43,7 +43,11 @@ def _fmt_limit(target: dict[str, Any]) -> str:
 
 
 def markdown(
-    env: dict[str, Any], sections: list[Section], final_survivors: list[tuple[int, str]], total: float
+    env: dict[str, Any],
+    sections: list[Section],
+    final_survivors: list[tuple[int, str]],
+    total: float,
+    cgroups: list[str],
 ) -> str:
     lines = [
         "# trio_procown benchmarks",
@@ -73,6 +77,10 @@ def markdown(
         names = ", ".join(f"{pid} `{cmd[:60]}`" for pid, cmd in s.survivors[:5])
         lines.append(f"- after {s.key}: {len(s.survivors)}" + (f" (killed: {names})" if names else ""))
     lines.append(f"- at the end of the run: {len(final_survivors)}")
+    lines.append(
+        f"- cgroups trio_procown created for this process and left behind: {len(cgroups)}"
+        + (f" ({', '.join(cgroups[:5])})" if cgroups else "")
+    )
     lines.append("")
     for s in sections:
         lines += [f"## {s.title}", "", s.what, "", f"_Scenario time: {s.seconds:.1f} s._", ""]
@@ -98,15 +106,20 @@ def _clean(obj: Any) -> Any:
 
 
 def write(
-    env: dict[str, Any], sections: list[Section], final_survivors: list[tuple[int, str]], total: float
+    env: dict[str, Any],
+    sections: list[Section],
+    final_survivors: list[tuple[int, str]],
+    total: float,
+    cgroups: list[str],
 ) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     md = RESULTS / "latest.md"
-    md.write_text(markdown(env, sections, final_survivors, total) + "\n")
+    md.write_text(markdown(env, sections, final_survivors, total, cgroups) + "\n")
     payload = {
         "environment": env,
         "total_seconds": total,
         "final_survivors": final_survivors,
+        "leftover_cgroups": cgroups,
         "sections": [
             {
                 "key": s.key,

@@ -8,7 +8,10 @@
 #     it runs at a smaller size (256 MB full, 200 MB quick);
 #   - run_owned(max_output=1 MiB) at that same size (same-size comparison);
 #   - a plain blocking os.read loop (1 MiB reads) on a subprocess.Popen pipe,
-#     at the large size (1 GB full, 200 MB quick);
+#     at the large size (1 GB full, 200 MB quick), as is (64 KiB pipe: the
+#     target's reference) and with the pipe enlarged to 1 MiB like the
+#     library's drain does (a steadier reference: with a 64 KiB pipe, reader
+#     and writer ping-pong when they share a CPU, so that loop is bimodal);
 #   - run_owned(max_output=1 MiB) at the large size;
 #   - the writer with stdout on /dev/null: the ceiling no reader can beat.
 # Throughput is bytes / wall time from call to return (spawn included).
@@ -23,6 +26,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -49,10 +53,12 @@ def writer_argv(size: int) -> list[str]:
     return [sys.executable, "-S", "-c", WRITER, str(size)]
 
 
-def _plain_loop(size: int, problems: list[str]) -> None:
+def _plain_loop(size: int, problems: list[str], *, enlarge: bool = False) -> None:
     proc = subprocess.Popen(writer_argv(size), stdout=subprocess.PIPE)
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
+    if enlarge:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, MiB)
     total = 0
     while chunk := os.read(fd, MiB):
         total += len(chunk)
@@ -110,6 +116,7 @@ async def run(cfg: Config) -> Section:
     trio_name = "trio.run_process capture_stdout"
     owned_small = "run_owned max_output=1MiB (small)"
     plain_name = "plain os.read loop, 1 MiB reads"
+    plain_big_pipe = "plain os.read loop, 1 MiB reads, 1 MiB pipe"
     owned_big = "run_owned max_output=1MiB"
     ceiling_name = "writer → /dev/null (ceiling)"
     sizes: dict[str, int] = {trio_name: small}
@@ -117,8 +124,9 @@ async def run(cfg: Config) -> Section:
     if big != small:
         sizes[owned_small] = small
         variants[owned_small] = timed_async(lambda: _owned(small, problems))
-    sizes.update({plain_name: big, owned_big: big, ceiling_name: big})
+    sizes.update({plain_name: big, plain_big_pipe: big, owned_big: big, ceiling_name: big})
     variants[plain_name] = timed_sync(lambda: _plain_loop(big, problems))
+    variants[plain_big_pipe] = timed_sync(lambda: _plain_loop(big, problems, enlarge=True))
     variants[owned_big] = timed_async(lambda: _owned(big, problems))
     variants[ceiling_name] = timed_sync(lambda: _ceiling(big))
 
@@ -129,6 +137,7 @@ async def run(cfg: Config) -> Section:
     r_trio_same = gbps[owned_same].median / gbps[trio_name].median
     r_trio_cross = gbps[owned_big].median / gbps[trio_name].median
     r_plain = gbps[owned_big].median / gbps[plain_name].median
+    r_plain_big = gbps[owned_big].median / gbps[plain_big_pipe].median
     v_trio = section.target("run_owned / trio capture (same size)", r_trio_same, 3.0, "x", at_most=False)
     v_plain = section.target("run_owned / plain loop", r_plain, 0.7, "x", at_most=False)
 
@@ -160,6 +169,11 @@ async def run(cfg: Config) -> Section:
                 "",
             ],
             [f"run_owned ≥ 0.7 x plain loop (both {big / 1e6:,.0f} MB)", f"{r_plain:.2f} x", v_plain],
+            [
+                f"(for reference: run_owned vs plain loop on a 1 MiB pipe, both {big / 1e6:,.0f} MB)",
+                f"{r_plain_big:.2f} x",
+                "",
+            ],
         ],
     )
     section.tables.append(targets)
@@ -183,6 +197,8 @@ async def run(cfg: Config) -> Section:
             continue
         delta = float(str(p["delta_kib"])) / 1024
         target = ""
+        if p.get("leftover_cgroups"):
+            problems.append(f"memprobe {p['variant']}: cgroups left behind: {p['leftover_cgroups']}")
         if p["variant"] == "run_owned":
             if p.get("bytes_seen") != big:
                 problems.append(f"memprobe run_owned saw {p.get('bytes_seen')} of {big}")
@@ -210,6 +226,7 @@ async def run(cfg: Config) -> Section:
         "ratio_owned_vs_trio_same_size": r_trio_same,
         "ratio_owned_big_vs_trio_small": r_trio_cross,
         "ratio_owned_vs_plain": r_plain,
+        "ratio_owned_vs_plain_1mib_pipe": r_plain_big,
         "memory": probes,
         "problems": problems,
     }

@@ -22,6 +22,7 @@ import trio_procown
 
 from ._harness import (
     Config,
+    DomainName,
     Measure,
     Section,
     Stats,
@@ -49,11 +50,11 @@ def _subprocess_run() -> None:
     subprocess.run([TRUE], check=True)
 
 
-def _owned(domain: str, devnull: bool, anomalies: list[str]) -> Measure:
-    streams = {"stdout": "devnull", "stderr": "devnull"} if devnull else {}
+def _owned(domain: DomainName, devnull: bool, anomalies: list[str]) -> Measure:
+    target = "devnull" if devnull else "capture"
 
     async def call() -> None:
-        result = await trio_procown.run_owned([TRUE], domain=domain, **streams)
+        result = await trio_procown.run_owned([TRUE], domain=domain, stdout=target, stderr=target)
         r = result.receipt
         if r.cause != "exited" or r.returncode != 0 or not r.domain_empty or r.forced:
             anomalies.append(f"{domain}: cause={r.cause} rc={r.returncode} empty={r.domain_empty}")
@@ -70,7 +71,7 @@ async def run(cfg: Config) -> Section:
         "(and, for run_owned, also the median of per-round paired ratios).",
     )
     options = {o.name: o for o in trio_procown.available_domains()}
-    domains = [d for d in ("process-group", "cgroup") if options[d].available]
+    domains: list[DomainName] = [d for d in ("process-group", "cgroup") if options[d].available]
     for d in ("process-group", "cgroup"):
         if not options[d].available:
             section.notes.append(f"domain {d} skipped: {options[d].reason}")

@@ -197,10 +197,10 @@ def test_signal_to_procown_tears_down_then_exits_128_plus_n(
     assert receipt["domain_empty"] is True
 
 
-# Survives SIGTERM, saying so on stdout; only SIGKILL ends it.
+# Survives SIGTERM, saying so on stdout (one write per signal); only SIGKILL ends it.
 STUBBORN = py(
-    "import signal, time\n"
-    "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: os.write(1, b'term\\n'))\n"
     "print('ready', flush=True)\n"
     "time.sleep(30)\n"
 )

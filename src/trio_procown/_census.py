@@ -48,8 +48,15 @@ class Census:
         hits = table.carrying(self.entry)
         if not hits:
             return []
-        inside = domain.holder()
-        outside = [info for info in hits if not inside(info)]
+        outside = []
+        for hit in hits:
+            if domain.contains(hit.pid):
+                continue
+            # Alive *after* the membership check: it was outside then (a
+            # process cannot re-enter the domain, nor come back to life).
+            now = _procfs.read_stat(hit.pid)
+            if now is not None and not now.zombie:
+                outside.append(now)
         for info in outside:
             if info.pid not in self.found:
                 self.found[info.pid] = ProcessRecord(info.pid, _procfs.cmdline(info.pid), "found")

@@ -40,7 +40,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
@@ -62,8 +62,9 @@ _SHIM_EVAL = (
 _counter = itertools.count()
 
 
+@cache
 def cgroup2_mount() -> str | None:
-    """The first cgroup2 mount point, from /proc/self/mountinfo."""
+    """The first cgroup2 mount point, from /proc/self/mountinfo (cached)."""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -237,6 +238,17 @@ def unavailable_reason(root: str | None = None) -> str | None:
     return _probe(os.path.realpath(root))
 
 
+def _killpg_own(pgid: int, sig: int) -> bool:
+    """killpg() for a group we own (never our own group); False if empty."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @cache
 def _usable_root_cached(root: str) -> str:
     reason = unavailable_reason(root)
@@ -297,20 +309,47 @@ class CgroupDomain(Domain):
                 found.append(info)
         return found
 
-    def holder(self) -> Callable[[ProcInfo], bool]:
-        inside = set() if self._unpopulated() else set(self._pids())
-        return lambda info: info.pid in inside
+    def contains(self, pid: int) -> bool:
+        # /proc/PID/cgroup names the process's own cgroup: exact for that
+        # process, unlike a cgroup.procs listing read at another moment.
+        try:
+            with open(f"/proc/{pid}/cgroup", "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return False
+        mount = cgroup2_mount()
+        if mount is None:
+            return False
+        for line in lines:
+            if line.startswith(b"0::"):
+                where = os.path.join(mount, os.fsdecode(line[3:]).lstrip("/"))
+                return os.path.normpath(where) == os.path.normpath(self.path)
+        return False
 
     # The leader is signalled through its own pidfd as well, and first: until
     # the shim has written itself into cgroup.procs (a teardown can start that
     # early, e.g. timeout=0) it is not listed, and it forks only after it is.
 
     def signal_graceful(self) -> str:
+        # Most members share the leader's process group: signal it as one
+        # (atomic against a member forking meanwhile; safe because the leader
+        # is unreaped, so its pid, the pgid, cannot be recycled). Members
+        # that left the group get the signal one by one, each exactly once.
         assert self.leader is not None
-        self.leader.signal(signal.SIGTERM)
-        self.leader.signal(signal.SIGCONT)
-        listed = self._pids()
-        fds = {pid: _pidfd.open_pidfd(pid) for pid in listed}
+        pgid = self.leader.pid
+        grouped = _killpg_own(pgid, signal.SIGTERM)
+        if grouped:
+            _killpg_own(pgid, signal.SIGCONT)
+        else:  # the leader may not have reached its group yet
+            self.leader.signal(signal.SIGTERM)
+            self.leader.signal(signal.SIGCONT)
+        listed = [p for p in self._pids() if p != pgid]
+        outside = []
+        for pid in listed:
+            info = _procfs.read_stat(pid)
+            if info is not None and not (grouped and info.pgrp == pgid):
+                outside.append(pid)
+        fds = {pid: _pidfd.open_pidfd(pid) for pid in outside}
         still = set(self._pids())
         sent = 0
         for pid, fd in fds.items():
@@ -322,7 +361,7 @@ class CgroupDomain(Domain):
                     sent += 1
             finally:
                 _pidfd.close(fd)
-        return f"SIGTERM+SIGCONT to {sent} member(s) of cgroup {self.path}"
+        return f"SIGTERM+SIGCONT to process group {pgid} and to {sent} other member(s) of cgroup {self.path}"
 
     def force(self) -> str:
         assert self.leader is not None

@@ -28,6 +28,14 @@
 # signal, following GNU timeout's conventions (see EPILOG). A broken pipe on
 # our stdout/stderr is treated like SIGPIPE: teardown, then 128+13.
 #
+# The drain never waits for a consumer (library policy): a pump whose reader
+# is slower than the command falls behind, and past the kept tail of the
+# record (--max-output) it is made to skip bytes. Each pump counts what it
+# passed on; if that is less than the receipt says was read, procown says
+# how many bytes were lost and exits 125 rather than pass a gap for success.
+# procown's stdin is passed to the command by path (/dev/stdin), so the
+# command reads it directly, with no copy and no drain.
+#
 # Argument errors print one line (`procown: error: ...`) and exit 125.
 
 from __future__ import annotations
@@ -319,6 +327,8 @@ def run_command(options: RunOptions) -> int:
             if receipt is not None:
                 json.dump(receipt.to_dict(), receipt_file, indent=2)
                 receipt_file.write("\n")
+        if receipt is None:  # nothing ran: leave no empty, non-JSON receipt
+            os.unlink(receipt_file.name)
     elif receipt_to == "-" and receipt is not None:
         text = json.dumps(receipt.to_dict(), indent=2) if options.json else receipt.summary()
         _say(text)

@@ -37,10 +37,11 @@ import math
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, TypedDict, Unpack, final
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict, Unpack, final
 
 import trio
 from trio_util import AsyncValue
@@ -52,9 +53,18 @@ from ._drain import DEFAULT_MAX_OUTPUT, Drain, lines
 from ._escalation import Budgets, Do, Escalation, Event
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
-from ._receipt import Action, Cause, ProcessRecord, Receipt, Step, StreamRecord
+from ._receipt import Action, Cause, HandoffReceipt, ProcessRecord, Receipt, Step, StreamRecord
 from ._select import DomainChoice, make_domain
 from ._stdin import Feeder, StdinSource
+
+if TYPE_CHECKING:
+    from ._service import ServiceOwner
+
+
+class HandoffError(RuntimeError):
+    """A command cannot be handed off (already handed off, ended, or the
+    owner is closed)."""
+
 
 # Scheduling slack added to the teardown's deadline on top of its budgets:
 # it covers the cost of the actions themselves (scans, signals, reaping).
@@ -133,6 +143,9 @@ class OwnedCommand:
         # Shielded: an outer cancel reaches the owner task only as a stop
         # request from the block (see open_owned_command).
         self._life_scope = trio.CancelScope(shield=True)
+        self._relocating = False  # a handoff is moving the tasks to an owner
+        self._own_stopped = trio.Event()
+        self.handoff: HandoffReceipt | None = None
         self._stop_cause: Cause | None = None
         self._done = trio.Event()
         self._steps: list[Step] = []
@@ -184,6 +197,84 @@ class OwnedCommand:
         await self._done.wait()
         assert self.receipt is not None
         return self.receipt
+
+    async def terminate(self) -> Receipt:
+        """Tear the command down now (cause ``"stopped"``) and return the
+        receipt; the same bounded teardown as every other way out.
+
+        Synopsis::
+
+            async with trio_procown.open_owned_command(["server"]) as run:
+                ...
+                receipt = await run.terminate()
+        """
+        self._request_stop("stopped")
+        return await self.wait()
+
+    async def hand_off(self, owner: ServiceOwner, *, reason: str) -> HandoffReceipt:
+        """Move this running command to a longer-lived `owner`; leaving this
+        block then no longer tears it down: the owner's `stop()` or exit does,
+        with the same bounded teardown. The command's single drain moves with
+        it (never two readers); its stdin, if fed by us, is closed, and its
+        own `timeout` no longer applies.
+
+        Raises HandoffError if the command was already handed off, is no
+        longer running, or the owner is closed.
+
+        Synopsis::
+
+            async with trio_procown.open_service_owner() as owner:
+                async with trio_procown.open_owned_command(["db-server"]) as run:
+                    await wait_until_ready(run)
+                    await run.hand_off(owner, reason="shared by the whole test session")
+                ...  # the server runs on; the owner's exit stops it
+        """
+        if self.handoff is not None:
+            msg = f"pid {self.pid} was already handed off to {self.handoff.to_owner}"
+            raise HandoffError(msg)
+        if self._done.is_set() or self._stop_cause is not None or self.phase.value != "running":
+            msg = f"pid {self.pid} is no longer running ({self.phase.value}); nothing to hand off"
+            raise HandoffError(msg)
+        owner._check_open()
+        with trio.CancelScope(shield=True):  # bounded: the tasks stop at once
+            self._own_stopped = trio.Event()
+            self._relocating = True
+            self._life_scope.cancel()
+            await self._own_stopped.wait()
+            self._relocating = False
+            if self._done.is_set() or self.phase.value != "running":
+                msg = f"pid {self.pid} ended during the handoff; see its receipt"
+                raise HandoffError(msg)
+            for drain in self._drains.values():
+                await drain.pause()
+        if self._feeder is not None:
+            self._feeder.scope.cancel()
+        self._deadline = math.inf
+        step = self._step(Action.HANDOFF, "owner", f"to {owner.name}: {reason}")
+        b = self._machine.budgets
+        self.handoff = HandoffReceipt(
+            pid=self.pid,
+            command=self.command,
+            from_owner="open_owned_command block",
+            to_owner=owner.name,
+            at=step.at,
+            wall_time=time.time(),
+            reason=reason,
+            domain=self.domain,
+            domain_id=self.domain_id,
+            termination=(
+                f"ended by the owner's stop() or exit with the bounded teardown: SIGTERM+SIGCONT, "
+                f"grace {b.grace:g}s, SIGKILL, kill_wait {b.kill_wait:g}s, drain_wait {b.drain_wait:g}s"
+            ),
+        )
+        owner._adopt(self)
+        return self.handoff
+
+    def _relaunch(self, nursery: trio.Nursery) -> None:
+        """Start the drains and the owner task in another nursery (handoff)."""
+        for drain in self._drains.values():
+            nursery.start_soon(drain.run)
+        nursery.start_soon(self._own)
 
     def stream(self, name: Literal["stdout", "stderr"] = "stdout") -> AsyncIterator[bytes]:
         """Iterate over a stream's bytes: everything still retained from the
@@ -252,10 +343,15 @@ class OwnedCommand:
     @trio.lowlevel.enable_ki_protection
     async def _own(self) -> None:
         exited = False
+        self._life_scope = trio.CancelScope(shield=True, deadline=self._deadline)
+        if self._stop_cause is not None or self._relocating:
+            self._life_scope.cancel()
         with self._life_scope:
-            self._life_scope.deadline = self._deadline
             await self._leader.wait()
             exited = True
+        if self._relocating and not exited and self._stop_cause is None:
+            self._own_stopped.set()  # a handoff moves us to the owner's nursery
+            return
         machine = self._machine
         code = self._leader.poll()
         if exited or (code is not None and self._stop_cause is None):
@@ -275,6 +371,7 @@ class OwnedCommand:
                     self._finish()
         self.phase.value = "done"
         self._done.set()
+        self._own_stopped.set()
 
     async def _teardown(self) -> None:
         machine = self._machine
@@ -300,10 +397,11 @@ class OwnedCommand:
                 event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
                 action = machine.handle(event)
             elif action is Do.SIGNAL_GRACEFUL:
-                if not escapees:
-                    escapees = census.scan(self._domain, await self._table())
+                # Signal first: the census scan costs milliseconds.
                 detail = self._domain.signal_graceful()
                 self._step(Action.SIGNAL, "domain", detail)
+                if not escapees:
+                    escapees = census.scan(self._domain, await self._table())
                 if escapees and census.policy == "terminate":
                     n = census.signal(escapees, (signal.SIGTERM, signal.SIGCONT))
                     self._step(Action.SIGNAL, "escapees", f"SIGTERM+SIGCONT to {n} census escapee(s)")
@@ -562,17 +660,19 @@ async def open_owned_command(
                 except GeneratorExit:
                     run._leader.kill_now()
                     raise
-                await run._done.wait()
+                if run.handoff is None:
+                    await run._done.wait()
             except BaseException as exc:
                 caught = exc
-                run._request_stop(_cause_of(exc))
+                if run.handoff is None:
+                    run._request_stop(_cause_of(exc))
             guard.shield = True
             # The teardown is bounded by its own shielded deadline; this
             # wait only adds a margin. KeyboardInterrupt may arrive here (we
             # are in the main task): remember it, keep waiting, re-raise.
             limit = trio.current_time() + run._machine.budgets.total + 2 * TEARDOWN_ALLOWANCE
             with trio.move_on_at(limit):
-                while not run._done.is_set():
+                while not run._done.is_set() and run.handoff is None:
                     try:
                         await run._done.wait()
                     except KeyboardInterrupt as exc:

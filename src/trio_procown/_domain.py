@@ -90,12 +90,11 @@ class Domain(abc.ABC):
     async def wait_empty(self) -> None:
         """Wait until is_empty(); the caller's cancel scope bounds it."""
 
-    def holder(self) -> Callable[[ProcInfo], bool]:
-        """A predicate telling whether a process is inside the domain now."""
-        inside = {m.pid for m in self.members()}
-        if self.leader is not None:
-            inside.add(self.leader.pid)
-        return lambda info: info.pid in inside
+    def contains(self, pid: int) -> bool:
+        """Is the process `pid` inside the domain right now? (read fresh)"""
+        return any(m.pid == pid for m in self.members()) or (
+            self.leader is not None and self.leader.pid == pid
+        )
 
     def release(self) -> str:
         """Give back what the domain held (e.g. remove the cgroup)."""
@@ -135,9 +134,9 @@ class ProcessGroupDomain(Domain):
             snap = _procfs.snapshot(leader_pid, self._lived())
         return [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
 
-    def holder(self) -> Callable[[ProcInfo], bool]:
-        pgid = self.pgid
-        return lambda info: info.pgrp == pgid
+    def contains(self, pid: int) -> bool:
+        info = _procfs.read_stat(pid)
+        return info is not None and info.pgrp == self.pgid
 
     def _killpg(self, sig: int) -> bool:
         # The leader is unreaped for the whole teardown (see module comment),

@@ -129,8 +129,11 @@ class Drain:
         self.eof = False
         self.abandoned = False
         self.done = trio.Event()
-        # Shielded: only abandon() ends the drain early, never an outer cancel.
+        # Shielded: only abandon() (or pause(), for a handoff) ends the
+        # reading task early, never an outer cancel.
         self._scope = trio.CancelScope(shield=True)
+        self._pausing = False
+        self._stopped = trio.Event()
         self._changed: trio.Event | None = None
         self.skipped = 0  # bytes consumers skipped because they were dropped first
         os.set_blocking(fd, False)
@@ -141,10 +144,24 @@ class Drain:
             self._changed = None
 
     async def run(self) -> None:
-        """Read until EOF or until abandoned. Runs as a nursery task."""
+        """Read until EOF or until abandoned. Runs as a nursery task.
+
+        After pause() it may be started again, in another nursery: the pipe,
+        the record and the consumers carry over, and at no moment do two
+        tasks read the pipe.
+        """
         fd = self.fd
         assert fd is not None
         append = self.capture.append
+        if self.abandoned:
+            self._finish()
+            return
+        if self._pausing:  # paused before this task got to run
+            self._pausing = False
+            self._stopped.set()
+            return
+        self._scope = trio.CancelScope(shield=True)
+        self._stopped = trio.Event()
         # Start small: most commands print little, and enlarging a pipe
         # costs as much as a tenth of a spawn. A full first read means a
         # heavy writer: then enlarge the pipe and read in big chunks.
@@ -170,9 +187,25 @@ class Drain:
                     append(data)
                     self._notify()
         finally:
-            self._close()
-            self.done.set()
-            self._notify()
+            if self._pausing and not self.eof and not self.abandoned:
+                self._pausing = False
+                self._stopped.set()
+            else:
+                self._finish()
+
+    def _finish(self) -> None:
+        self._close()
+        self.done.set()
+        self._notify()
+        self._stopped.set()
+
+    async def pause(self) -> None:
+        """Stop the reading task without closing the pipe (for a handoff)."""
+        if self.done.is_set():
+            return
+        self._pausing = True
+        self._scope.cancel()
+        await self._stopped.wait()
 
     def abandon(self) -> None:
         """Stop reading at once and close the read end; keep what was read."""

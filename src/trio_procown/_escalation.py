@@ -41,7 +41,7 @@ class State(enum.Enum):
 
 class Event(enum.Enum):
     LEADER_EXITED = "leader exited"
-    STOP = "stop"  # carries a cause: timed_out, cancelled or error
+    STOP = "stop"  # carries a cause: timed_out, cancelled, error or stopped
     EMPTY = "empty"  # nothing owned is alive
     NOT_EMPTY = "not empty"  # a check found owned processes alive
     EXPIRED = "expired"  # the current wait's budget ran out
@@ -140,8 +140,8 @@ class Escalation:
             msg = f"event {event.value!r} is not allowed in state {self.state.value!r}"
             raise IllegalTransition(msg)
         if event is Event.STOP:
-            if cause not in ("timed_out", "cancelled", "error"):
-                msg = f"a stop needs a cause of timed_out, cancelled or error, not {cause!r}"
+            if cause not in ("timed_out", "cancelled", "error", "stopped"):
+                msg = f"a stop needs a cause of timed_out, cancelled, error or stopped, not {cause!r}"
                 raise IllegalTransition(msg)
         elif cause is not None:
             msg = f"only a stop carries a cause, not {event.value!r}"

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Cause = Literal["exited", "timed_out", "cancelled", "error"]
+# "stopped": ended on request (run.terminate(), a service owner's stop() or
+# exit), in addition to the four causes of the contract.
+Cause = Literal["exited", "timed_out", "cancelled", "error", "stopped"]
 OutputState = Literal["complete", "truncated", "abandoned"]
 
 
@@ -162,6 +164,8 @@ class Receipt:
             out.append(f"The block running the command (pid {self.pid}) was cancelled.")
         elif self.cause == "error":
             out.append(f"The block running the command (pid {self.pid}) raised an exception.")
+        elif self.cause == "stopped":
+            out.append(f"The command (pid {self.pid}) was stopped on request.")
         if self.cause != "exited" or exit_step is None:
             out.append(f"Its direct process ended with {_describe_status(self.returncode)}.")
 
@@ -175,7 +179,7 @@ class Receipt:
         term = self._first(Action.SIGNAL)
         waits = self._steps(Action.WAIT, "domain")
         if term is not None:
-            out.append(f"{term.detail} was sent to the {self.domain} domain at +{term.at:.3f}s.")
+            out.append(f"Sent {term.detail} at +{term.at:.3f}s.")
             grace = waits[0] if waits else None
             if grace is not None and grace.outcome == "empty" and not self.forced:
                 out.append(
@@ -185,9 +189,7 @@ class Receipt:
             if self.forced:
                 kill = next((s for s in signals if "SIGKILL" in s.detail), None)
                 if kill is not None:
-                    out.append(
-                        f"Members outlived the grace period; {kill.detail} was sent at +{kill.at:.3f}s."
-                    )
+                    out.append(f"Members outlived the grace period; sent {kill.detail} at +{kill.at:.3f}s.")
                 last = waits[-1] if waits else None
                 if last is not None and last.outcome == "empty":
                     out.append(f"The domain was seen empty at +{last.at:.3f}s after the kill.")
@@ -306,3 +308,43 @@ def _name_processes(procs: tuple[ProcessRecord, ...]) -> str:
     if len(procs) > 10:
         parts.append(f"and {len(procs) - 10} more")
     return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffReceipt:
+    """The record of a running command handed from its block to an owner.
+
+    Says from whom to whom, when, why, which domain holds the command, and
+    how the new owner will end it.
+    """
+
+    pid: int
+    command: tuple[str, ...]
+    from_owner: str
+    to_owner: str
+    at: float  # seconds since the command's spawn
+    wall_time: float  # time.time() of the handoff
+    reason: str
+    domain: str
+    domain_id: str
+    termination: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "command": list(self.command),
+            "from": self.from_owner,
+            "to": self.to_owner,
+            "at": round(self.at, 6),
+            "wall_time": self.wall_time,
+            "reason": self.reason,
+            "domain": self.domain,
+            "domain_id": self.domain_id,
+            "termination": self.termination,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"pid {self.pid} handed from {self.from_owner} to {self.to_owner} at +{self.at:.3f}s "
+            f"({self.reason}); held by {self.domain} {self.domain_id}; {self.termination}"
+        )

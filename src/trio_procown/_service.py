@@ -1,0 +1,480 @@
+# Services: owned commands that outlive the block that starts them.
+#
+# A long-lived command (a database for a test session, a dev server for an
+# agent's run) is still owned: by a ServiceOwner, a nursery-like scope that
+# outlives the blocks that start services. Two ways in:
+#
+#   owner.start(cmd, ready=...)  like nursery.start: returns once the service
+#                                is ready; on a readiness failure the command
+#                                is torn down and ServiceNotReady carries the
+#                                receipt and the output so far.
+#   run.hand_off(owner, reason)  moves a command running in an
+#                                open_owned_command block to the owner.
+#
+# Each service runs under a supervisor task in the owner's nursery. For a
+# started service the supervisor holds an open_owned_command block, so every
+# way out (stop(), the owner's exit, cancellation) is that block's bounded
+# teardown; a service that exits by itself is reported and, under a restart
+# policy, started again up to max_restarts times. For a handed-off command
+# the supervisor re-launches the command's drains and owner task in a nursery
+# of its own (the drain's reading task moves; there is never a second
+# reader) and runs the same teardown when asked.
+#
+# Leaving the owner's block stops every service concurrently; each teardown
+# is bounded by its own grace + kill_wait + drain_wait, so the owner's exit is
+# bounded by the largest of them.
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Literal, TypeAlias, Unpack, final
+
+import trio
+from trio_util import AsyncValue
+
+from ._command import (
+    TEARDOWN_ALLOWANCE,
+    Command,
+    HandoffError,
+    OwnedCommand,
+    OwnedOptions,
+    _cause_of,
+    open_owned_command,
+)
+from ._receipt import HandoffReceipt, Receipt
+
+# After the command ended, how long a readiness probe may still take to
+# finish (e.g. to read the last lines the command printed).
+READY_AFTER_EXIT = 0.1
+
+Readiness: TypeAlias = Callable[[OwnedCommand], Awaitable[object]]
+RestartPolicy = Literal["never", "on-failure", "always"]
+ServiceState = Literal["starting", "ready", "restarting", "stopping", "stopped", "exited", "failed"]
+
+
+class ServiceError(RuntimeError):
+    """A service could not be started or kept running."""
+
+
+class ServiceNotReady(ServiceError):
+    """A service did not become ready; it was torn down.
+
+    `receipt` is its teardown receipt; `stdout` and `stderr` what it printed.
+    """
+
+    def __init__(self, msg: str, receipt: Receipt | None, stdout: bytes, stderr: bytes) -> None:
+        super().__init__(msg)
+        self.receipt = receipt
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+# -- readiness probes ---------------------------------------------------------
+
+
+def ready_line(pattern: str | re.Pattern[str], stream: Literal["stdout", "stderr"] = "stdout") -> Readiness:
+    """Ready when a line of `stream` matches `pattern` (re.search).
+
+    Synopsis::
+
+        svc = await owner.start(cmd, ready=trio_procown.ready_line(r"listening on"))
+    """
+    regex = re.compile(pattern)
+
+    async def probe(run: OwnedCommand) -> object:
+        async for line in run.lines(stream):
+            if regex.search(line):
+                return line
+        msg = f"{stream} ended before a line matched {regex.pattern!r}"
+        raise ServiceError(msg)
+
+    return probe
+
+
+def ready_port(port: int, host: str = "127.0.0.1", interval: float = 0.02) -> Readiness:
+    """Ready when a TCP connection to (host, port) is accepted.
+
+    Synopsis::
+
+        svc = await owner.start(["python", "-m", "http.server", "8000"],
+                                ready=trio_procown.ready_port(8000))
+    """
+
+    async def probe(run: OwnedCommand) -> object:
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError:
+                await trio.sleep(interval)
+                continue
+            await stream.aclose()
+            return port
+
+    return probe
+
+
+def ready_file(path: str | os.PathLike[str], interval: float = 0.02) -> Readiness:
+    """Ready when `path` exists.
+
+    Synopsis::
+
+        svc = await owner.start(cmd, ready=trio_procown.ready_file("/tmp/app.sock"))
+    """
+
+    async def probe(run: OwnedCommand) -> object:
+        while not os.path.exists(path):
+            await trio.sleep(interval)
+        return path
+
+    return probe
+
+
+def ready_when(
+    predicate: Callable[[OwnedCommand], bool | Awaitable[bool]], interval: float = 0.02
+) -> Readiness:
+    """Ready when `predicate(run)` (sync or async) returns true, polled.
+
+    Synopsis::
+
+        svc = await owner.start(cmd, ready=trio_procown.ready_when(lambda run: b"up" in run.stdout))
+    """
+
+    async def probe(run: OwnedCommand) -> object:
+        while True:
+            result = predicate(run)
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return True
+            await trio.sleep(interval)
+
+    return probe
+
+
+# -- services -----------------------------------------------------------------
+
+
+class _Origin(enum.Enum):
+    STARTED = "started"
+    HANDED_OFF = "handed off"
+
+
+@final
+class Service:
+    """One service of a ServiceOwner: its current run, its receipts.
+
+    Built by `ServiceOwner.start` or `OwnedCommand.hand_off`.
+    """
+
+    def __init__(self, name: str, command: Command | Sequence[str], origin: _Origin) -> None:
+        self.name = name
+        self.command = command
+        self.origin = origin
+        self.state: AsyncValue[ServiceState] = AsyncValue("starting")
+        self.run: OwnedCommand | None = None
+        self.receipts: list[Receipt] = []  # one per incarnation, in order
+        self.handoff: HandoffReceipt | None = None
+        self.restarts = 0
+        self.error: BaseException | None = None
+        self._stop_requested = False
+        self._finished = trio.Event()
+        self._settled = trio.Event()  # ready, or failed before ready
+
+    @property
+    def pid(self) -> int | None:
+        return self.run.pid if self.run else None
+
+    @property
+    def stdout(self) -> bytes:
+        return self.run.stdout if self.run else b""
+
+    @property
+    def stderr(self) -> bytes:
+        return self.run.stderr if self.run else b""
+
+    @property
+    def receipt(self) -> Receipt | None:
+        """The receipt of the last incarnation that ended."""
+        return self.receipts[-1] if self.receipts else None
+
+    def __repr__(self) -> str:
+        return f"<Service {self.name!r} pid={self.pid} state={self.state.value}>"
+
+
+@final
+class ServiceOwner:
+    """Owns services beyond the blocks that start them; see `open_service_owner`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.services: list[Service] = []
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        self._exit_cause: Literal["stopped", "cancelled", "error"] = "stopped"
+
+    def _check_open(self) -> None:
+        if self._closed or self._nursery is None:
+            msg = f"service owner {self.name!r} is closed"
+            raise HandoffError(msg)
+
+    @property
+    def receipts(self) -> list[tuple[str, Receipt]]:
+        """Every service's receipts as (service name, receipt), in order."""
+        return [(svc.name, r) for svc in self.services for r in svc.receipts]
+
+    async def start(
+        self,
+        command: Command,
+        *,
+        ready: Readiness | None = None,
+        ready_timeout: float = 30.0,
+        restart: RestartPolicy = "never",
+        max_restarts: int = 3,
+        name: str | None = None,
+        **options: Unpack[OwnedOptions],
+    ) -> Service:
+        """Start `command` as a service and return once it is ready.
+
+        `ready` is a probe (`ready_line`, `ready_port`, `ready_file`,
+        `ready_when`, or any ``async def probe(run)`` that returns when
+        ready); None means ready at once. If the probe fails, the command
+        exits first, or `ready_timeout` passes, the command is torn down and
+        ServiceNotReady is raised with the receipt and the output so far.
+        `restart`: "never", "on-failure" (non-zero exit) or "always", at most
+        `max_restarts` times. Other keywords go to `open_owned_command`
+        (`timeout` is not allowed: a service lives until stopped).
+
+        Synopsis::
+
+            async with trio_procown.open_service_owner() as owner:
+                web = await owner.start(["python", "-m", "http.server", "8123"],
+                                        ready=trio_procown.ready_port(8123))
+                ...
+        """
+        self._check_open()
+        if options.get("timeout") is not None:
+            msg = "a service has no timeout: it runs until stopped"
+            raise ValueError(msg)
+        if restart not in ("never", "on-failure", "always"):
+            msg = f"restart must be 'never', 'on-failure' or 'always', not {restart!r}"
+            raise ValueError(msg)
+        if math.isnan(ready_timeout) or ready_timeout < 0:
+            msg = f"ready_timeout must be a non-negative number of seconds, not {ready_timeout!r}"
+            raise ValueError(msg)
+        if max_restarts < 0:
+            msg = f"max_restarts must be >= 0, not {max_restarts!r}"
+            raise ValueError(msg)
+        svc = Service(name or _name_of(command), command, _Origin.STARTED)
+        self.services.append(svc)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            self._supervise_started, svc, command, ready, ready_timeout, restart, max_restarts, options
+        )
+        try:
+            await svc._settled.wait()
+        except BaseException:
+            await self._stop_now(svc)
+            raise
+        if svc.error is not None:
+            raise svc.error
+        return svc
+
+    async def stop(self, service: Service) -> Receipt | None:
+        """Stop `service` with the bounded teardown; return its last receipt.
+
+        Synopsis::
+
+            receipt = await owner.stop(web)
+        """
+        if service not in self.services:
+            msg = f"{service!r} does not belong to {self.name!r}"
+            raise ServiceError(msg)
+        await self._stop_now(service)
+        return service.receipt
+
+    async def _stop_now(self, svc: Service) -> None:
+        svc._stop_requested = True
+        if svc.run is not None and not svc._finished.is_set():
+            svc.state.value = "stopping"
+            svc.run._request_stop("stopped")
+        with trio.CancelScope(shield=True):
+            await svc._finished.wait()
+
+    def _adopt(self, run: OwnedCommand) -> Service:
+        assert run.handoff is not None
+        svc = Service(_name_of(run.command), run.command, _Origin.HANDED_OFF)
+        svc.run = run
+        svc.handoff = run.handoff
+        svc.state.value = "ready"
+        svc._settled.set()
+        self.services.append(svc)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._supervise_adopted, svc, run)
+        return svc
+
+    # -- supervisors --------------------------------------------------------
+    async def _supervise_adopted(self, svc: Service, run: OwnedCommand) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                run._relaunch(nursery)
+                try:
+                    await run._done.wait()
+                except BaseException as exc:
+                    run._request_stop(_cause_of(exc))
+                    limit = run._machine.budgets.total + 2 * TEARDOWN_ALLOWANCE
+                    with trio.move_on_after(limit) as scope:
+                        scope.shield = True
+                        await run._done.wait()
+                    if not isinstance(exc, trio.Cancelled):
+                        raise
+        finally:
+            if run.receipt is not None:
+                svc.receipts.append(run.receipt)
+            svc.state.value = "stopped" if svc._stop_requested else "exited"
+            svc._finished.set()
+
+    async def _supervise_started(
+        self,
+        svc: Service,
+        command: Command,
+        ready: Readiness | None,
+        ready_timeout: float,
+        restart: RestartPolicy,
+        max_restarts: int,
+        options: OwnedOptions,
+    ) -> None:
+        try:
+            while True:
+                failed: ServiceNotReady | None = None
+                async with open_owned_command(command, **options) as run:
+                    svc.run = run
+                    if svc._stop_requested:
+                        run._request_stop("stopped")
+                    why = await _await_ready(run, ready, ready_timeout)
+                    if why is not None:
+                        run._request_stop("error")
+                        receipt = await run.wait()
+                        msg = f"service {svc.name!r} did not become ready: {why}"
+                        failed = ServiceNotReady(msg, receipt, run.stdout, run.stderr)
+                    else:
+                        svc.state.value = "ready"
+                        svc._settled.set()
+                        await run.wait()
+                assert run.receipt is not None
+                svc.receipts.append(run.receipt)
+                if failed is not None:
+                    svc.state.value = "failed"
+                    if not svc._settled.is_set():
+                        svc.error = failed
+                    return
+                if svc._stop_requested or self._closed:
+                    svc.state.value = "stopped"
+                    return
+                code = run.receipt.returncode
+                wanted = restart == "always" or (restart == "on-failure" and code != 0)
+                if not wanted or svc.restarts >= max_restarts:
+                    svc.state.value = "exited"
+                    return
+                svc.restarts += 1
+                svc.state.value = "restarting"
+        except trio.Cancelled:
+            # The owner's scope was cancelled; the teardown has run (in the
+            # open_owned_command block) and the owner's own block re-raises.
+            svc.state.value = "stopped"
+        finally:
+            last = svc.run.receipt if svc.run is not None else None
+            if last is not None and (not svc.receipts or svc.receipts[-1] is not last):
+                svc.receipts.append(last)
+            if not svc._settled.is_set():
+                if svc.error is None:
+                    svc.error = ServiceError(f"service {svc.name!r} ended before it was ready")
+                svc._settled.set()
+            svc._finished.set()
+
+
+async def _await_ready(run: OwnedCommand, ready: Readiness | None, timeout: float) -> str | None:
+    """Wait for `ready(run)`; None when ready, else why not."""
+    if ready is None:
+        return None
+    outcome: list[str] = []
+    probed = trio.Event()
+    with trio.move_on_after(timeout) as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def probe() -> None:
+                try:
+                    await ready(run)
+                except Exception as exc:  # a failing probe means "not ready"
+                    outcome.append(f"the readiness probe failed: {exc}")
+                probed.set()
+                nursery.cancel_scope.cancel()
+
+            async def died() -> None:
+                receipt = await run.wait()
+                # A probe reading output printed just before the exit (a
+                # ready line) still gets a short, bounded chance to match.
+                with trio.move_on_after(READY_AFTER_EXIT):
+                    await probed.wait()
+                if not probed.is_set():
+                    outcome.append(
+                        f"the command ended first ({receipt.cause}, returncode {receipt.returncode})"
+                    )
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(probe)
+            nursery.start_soon(died)
+    if scope.cancelled_caught:
+        return f"not ready after {timeout:g}s"
+    return outcome[0] if outcome else None
+
+
+def _name_of(command: Command | Sequence[str]) -> str:
+    if isinstance(command, str):
+        return command.split()[0] if command.split() else command
+    return os.path.basename(os.fspath(command[0])) if command else "service"
+
+
+@asynccontextmanager
+async def open_service_owner(name: str = "service owner") -> AsyncIterator[ServiceOwner]:
+    """A scope that owns services beyond the blocks that start them; its
+    exit stops every service concurrently, each with the bounded teardown.
+
+    Synopsis::
+
+        async with trio_procown.open_service_owner("test session") as owner:
+            db = await owner.start(["postgres", "-D", data], ready=trio_procown.ready_port(5432))
+            ...
+        for name, receipt in owner.receipts:
+            print(name, receipt.cause, receipt.domain_empty)
+    """
+    owner = ServiceOwner(name)
+    caught: BaseException | None = None
+    with trio.CancelScope() as guard:
+        async with trio.open_nursery() as nursery:
+            owner._nursery = nursery
+            try:
+                yield owner
+            except BaseException as exc:
+                caught = exc
+            guard.shield = True
+            owner._closed = True
+            cause = "stopped" if caught is None else _cause_of(caught)
+            for svc in owner.services:
+                svc._stop_requested = True
+                if svc.run is not None and not svc._finished.is_set():
+                    svc.state.value = "stopping"
+                    svc.run._request_stop(cause)
+            budget = max(
+                (s.run._machine.budgets.total for s in owner.services if s.run is not None), default=0.0
+            )
+            with trio.move_on_after(budget + 2 * TEARDOWN_ALLOWANCE):
+                for svc in owner.services:
+                    await svc._finished.wait()
+            nursery.cancel_scope.cancel()
+    if caught is not None:
+        raise caught

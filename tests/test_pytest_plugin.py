@@ -1,0 +1,492 @@
+"""The pytest plugin: tests that leak processes fail (or warn), leaks are terminated.
+
+Most tests run an inner pytest with pytester. Inner tests record every
+process they start deliberately (pid and start time) in pids.txt; the
+`recorded` fixture kills whatever of it is still alive afterwards (only a
+process with the recorded start time), so a keep/warn/off run leaves nothing
+behind for the outer suite's own leak check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from trio_procown import pytest_plugin
+from trio_procown.pytest_plugin import COOKIE_ENV, ProcessLeakError
+
+pytest_plugins = ["pytester"]
+
+HEADER = """\
+import os, subprocess, sys, time
+import psutil
+import pytest
+
+PIDS = {pids!r}
+
+def record(pid):
+    with open(PIDS, "a") as f:
+        f.write(f"{{pid}} {{psutil.Process(pid).create_time()}}\\n")
+
+def spawn(*argv, env=None):
+    # posix_spawn: no Popen object, so no ResourceWarning when it is collected
+    pid = os.posix_spawnp(argv[0], list(argv), os.environ if env is None else env)
+    record(pid)
+    return pid
+"""
+
+LEAK = """
+def test_leak():
+    spawn("sleep", "30")
+"""
+
+# Double fork with setsid, in an exec'd interpreter: the grandchild is
+# re-parented, holds no pipe of ours, and prints nothing but its pid.
+DAEMON = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.devnull, os.O_RDWR)
+        for n in (0, 1, 2):
+            os.dup2(fd, n)
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
+        time.sleep(30)
+        os._exit(0)
+    os._exit(0)
+os.close(w)
+print(os.read(r, 64).decode())
+"""
+
+
+def _recorded(path: Path) -> list[tuple[int, float]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        pid, created = line.split()
+        rows.append((int(pid), float(created)))
+    return rows
+
+
+def _alive(pid: int, created: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _reap_if_child(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+class Recorded:
+    """The processes the inner tests recorded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pids(self) -> list[int]:
+        return [pid for pid, _ in _recorded(self.path)]
+
+    def alive(self) -> list[int]:
+        return [pid for pid, created in _recorded(self.path) if _alive(pid, created)]
+
+    def cleanup(self) -> None:
+        rows = _recorded(self.path)
+        for pid, created in rows:
+            if _alive(pid, created):
+                os.kill(pid, signal.SIGKILL)
+        for pid, _ in rows:
+            psutil.wait_procs([p for p in [_proc(pid)] if p is not None], timeout=3)
+            _reap_if_child(pid)
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+@pytest.fixture
+def recorded(pytester: pytest.Pytester) -> Iterator[Recorded]:
+    """Where inner tests record their processes; kills the survivors at the end."""
+    pytester.makeini("[pytest]\nfilterwarnings = default\n")
+    rec = Recorded(pytester.path / "pids.txt")
+    try:
+        yield rec
+    finally:
+        rec.cleanup()
+
+
+def _source(pytester: pytest.Pytester, body: str) -> str:
+    return HEADER.format(pids=str(pytester.path / "pids.txt")) + body
+
+
+@pytest.fixture(scope="module")
+def cgroup_reason() -> str | None:
+    """Why the cgroup mechanism is unavailable here (None when it is available)."""
+    cg, note = pytest_plugin._probe_cgroups()
+    return None if cg is not None else note
+
+
+@pytest.fixture(params=["cgroup", "cookie"])
+def mechanism(request: pytest.FixtureRequest, cgroup_reason: str | None) -> str:
+    """Each tracking mechanism this machine offers."""
+    if request.param == "cgroup" and cgroup_reason is not None:
+        pytest.skip(f"no cgroup mechanism: {cgroup_reason}")
+    return str(request.param)
+
+
+def test_leaked_sleep_fails_with_a_report(
+    pytester: pytest.Pytester, recorded: Recorded, mechanism: str
+) -> None:
+    """A test that leaks `sleep 30` errors at teardown with a report naming it; the sleep is terminated."""
+    pytester.makepyfile(test_leak=_source(pytester, LEAK))
+    before = os.environ.get(COOKIE_ENV)
+    result = pytester.runpytest("--procown-leaks=fail", f"--procown-leaks-mechanism={mechanism}")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leak*",
+            "*test_leak.py::test_leak left 1 process(es) running:*",
+            f"*pid {pid}: sleep 30",
+            "*started by: test_leak.py::test_leak (during call); lived * s",
+            f"*parent: pid {os.getpid()} (*",
+            "*found by: *cookie*; terminated (SIGTERM)",
+        ]
+    )
+    if mechanism == "cgroup":
+        result.stdout.fnmatch_lines(["*found by: cgroup, cookie;*"])
+    assert recorded.alive() == []
+    assert os.environ.get(COOKIE_ENV) == before
+
+
+def test_double_forked_daemon_is_caught(
+    pytester: pytest.Pytester, recorded: Recorded, mechanism: str
+) -> None:
+    """A daemon that double-forked and called setsid is still found, reported and terminated."""
+    body = f"""
+DAEMON = {DAEMON!r}
+
+def test_daemon():
+    done = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True, check=True)
+    record(int(done.stdout))
+"""
+    pytester.makepyfile(test_daemon=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail", f"--procown-leaks-mechanism={mechanism}")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*pid {pid}: *python*", "*found by: *cookie*; terminated (SIGTERM)"])
+    assert recorded.alive() == []
+
+
+def test_fork_without_exec_is_caught_by_the_fork_log(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """A double fork of the test process itself (no exec, so no cookie in /proc) is found by the fork log."""
+    body = """
+def test_fork():
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, str(os.getpid()).encode())
+            time.sleep(30)
+            os._exit(0)
+        os._exit(0)
+    record(int(os.read(r, 64)))
+"""
+    pytester.makepyfile(test_fork=_source(pytester, body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail", "--procown-leaks-mechanism=cookie")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*pid {pid}: *", "*found by: fork log; terminated (SIGTERM)"])
+    assert recorded.alive() == []
+
+
+def test_scrubbed_environment_is_caught_by_the_cgroup(
+    pytester: pytest.Pytester, recorded: Recorded, cgroup_reason: str | None
+) -> None:
+    """A process started with an empty environment carries no cookie; the per-test cgroup still holds it."""
+    if cgroup_reason is not None:
+        pytest.skip(cgroup_reason)
+    body = """
+def test_scrubbed():
+    spawn("/bin/sleep", "30", env={})
+"""
+    pytester.makepyfile(test_scrubbed=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*pid {pid}: /bin/sleep 30", "*found by: cgroup; terminated (SIGTERM)"])
+    assert recorded.alive() == []
+
+
+def test_clean_tests_pass(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """Tests that wait for what they start pass in fail mode, and the session is clean."""
+    body = """
+def test_subprocess():
+    subprocess.run(["true"], check=True)
+    with subprocess.Popen(["sleep", "0.01"]) as p:
+        p.wait()
+
+def test_fork_and_wait():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+def test_nothing():
+    pass
+"""
+    pytester.makepyfile(test_clean=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*procown*left*")
+
+
+def test_warn_mode_passes_with_a_warning(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """Warn mode: the test passes, a ProcessLeakWarning carries the report, the sleep is terminated."""
+    pytester.makepyfile(test_leak=_source(pytester, LEAK))
+    result = pytester.runpytest("--procown-leaks=warn")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, warnings=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*ProcessLeakWarning: test_leak.py::test_leak left 1 process(es)*", f"*pid {pid}*"]
+    )
+    assert recorded.alive() == []
+
+
+def test_keep_reports_without_terminating(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """--procown-leaks-keep: the leak fails the test but keeps running (listed again at the session end)."""
+    pytester.makepyfile(test_leak=_source(pytester, LEAK))
+    result = pytester.runpytest("--procown-leaks=fail", "--procown-leaks-keep")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*found by: *cookie*; left running (keep)"])
+    result.stdout.fnmatch_lines(
+        ["*procown: processes left behind*", f"still running, as asked (keep): pid {pid}"], consecutive=True
+    )
+    result.stdout.no_fnmatch_line("*cgroups left behind*")
+    assert recorded.alive() == [pid]
+
+
+def test_markers_choose_the_mode_per_test_and_module(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """Without command-line or ini options only marked tests are watched; the closest marker wins."""
+    body = """
+pytestmark = pytest.mark.procown_leaks("warn")
+
+def test_module_marker_warns():
+    spawn("sleep", "30")
+
+@pytest.mark.procown_leaks("fail")
+def test_own_marker_fails():
+    spawn("sleep", "30")
+
+@pytest.mark.procown_leaks("off")
+def test_marked_off():
+    spawn("sleep", "30")
+"""
+    pytester.makepyfile(test_marked=_source(pytester, body), test_plain=_source(pytester, LEAK))
+    result = pytester.runpytest("--strict-markers")
+    result.assert_outcomes(passed=4, errors=1, warnings=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_own_marker_fails*"])
+    result.stdout.fnmatch_lines(["*ProcessLeakWarning: test_marked.py::test_module_marker_warns left*"])
+    assert len(recorded.alive()) == 2  # the unwatched ones
+
+
+def test_ini_option_and_command_line_override(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """The ini option activates the check; --procown-leaks=off on the command line turns it off."""
+    pytester.makeini("[pytest]\nfilterwarnings = default\nprocown_leaks = fail\n")
+    pytester.makepyfile(test_leak=_source(pytester, LEAK))
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["procown: leaks fail the test and are terminated; tracked by *"])
+    result = pytester.runpytest("--procown-leaks=off")
+    result.assert_outcomes(passed=1)
+    assert len(recorded.alive()) == 1
+
+
+def test_bad_modes_are_usage_errors(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """An unknown mode on the command line, in the ini file or in a marker is refused clearly."""
+    body = """
+@pytest.mark.procown_leaks("loud")
+def test_marked():
+    pass
+"""
+    pytester.makepyfile(test_bad=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=loud")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*procown leak mode must be one of fail, warn, off; not 'loud'*"])
+    pytester.makeini("[pytest]\nprocown_leaks = loud\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_session_fixtures_are_not_blamed_but_checked_at_the_end(
+    pytester: pytest.Pytester, recorded: Recorded
+) -> None:
+    """A session fixture's process is not the first test's leak; one never stopped fails the run."""
+    body = """
+@pytest.fixture(scope="session")
+def server():
+    p = subprocess.Popen(["sleep", "30"])
+    record(p.pid)
+    yield p
+    p.kill()
+    p.wait()
+
+@pytest.fixture(scope="session")
+def forgetful():
+    spawn("sleep", "31")
+
+def test_one(server, forgetful):
+    assert server.poll() is None
+
+def test_two(server):
+    assert server.poll() is None
+"""
+    pytester.makepyfile(test_session=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    forgotten = recorded.pids()[1]
+    result.stdout.fnmatch_lines(
+        [
+            "*procown: processes left behind*",
+            "the test session (outside any test) left 1 process(es) running:",
+            f"*pid {forgotten}: sleep 31",
+            "*started by: the test session (outside any test) (during session-scoped fixture forgetful)*",
+        ]
+    )
+    assert recorded.alive() == []
+
+
+def test_trio_mode_and_procown_command(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """trio_mode: leaks from async tests are caught; procown_command's receipts go to failure reports."""
+    pytester.makeini("[pytest]\ntrio_mode = true\nfilterwarnings = default\n")
+    body = """
+import trio
+
+async def test_fails_and_shows_the_receipt(procown_command):
+    run = await procown_command(["sleep", "30"])
+    record(run.pid)
+    assert False, "boom"
+
+async def test_owned_commands(procown_command):
+    result = await procown_command.run(["sh", "-c", "echo hi"])
+    assert result.stdout == b"hi\\n"
+    run = await procown_command(["sleep", "30"])
+    receipt = await procown_command.stop(run)
+    assert receipt.cause == "cancelled" and receipt.domain_empty
+    assert len(procown_command.receipts) == 2
+
+async def test_async_leak():
+    await trio.sleep(0)
+    spawn("sleep", "30")
+"""
+    pytester.makepyfile(test_trio=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*procown receipts*", "$ sleep 30", "cause=cancelled *", "*was cancelled*"], consecutive=False
+    )
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_async_leak*"])
+    assert recorded.alive() == []
+
+
+def test_xdist_workers(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """Under pytest-xdist each worker watches its tests; the report reaches the controller."""
+    pytest.importorskip("xdist")
+    body = """
+@pytest.mark.parametrize("n", range(3))
+def test_clean(n):
+    subprocess.run(["true"], check=True)
+"""
+    pytester.makepyfile(test_leak=_source(pytester, LEAK), test_clean=_source(pytester, body))
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines([f"*pid {pid}: sleep 30", "*terminated (SIGTERM)"])
+    assert recorded.alive() == []
+
+
+def test_no_leaks_block_raises_and_terminates(procown_no_leaks: pytest_plugin.NoLeaksFactory) -> None:
+    """A procown_no_leaks block that leaks raises ProcessLeakError naming the process, terminated."""
+    with pytest.raises(ProcessLeakError) as info, procown_no_leaks():
+        pid = os.posix_spawnp("sleep", ["sleep", "30"], os.environ)
+    try:
+        (leak,) = info.value.leaks
+        assert (leak.pid, leak.cmdline, leak.fate) == (pid, "sleep 30", "terminated (SIGTERM)")
+        assert "a procown_no_leaks block in" in str(info.value)
+    finally:
+        _kill_child(pid)
+    with procown_no_leaks() as block:
+        os.waitpid(os.posix_spawnp("true", ["true"], os.environ), 0)
+    assert block.leaks == []
+
+
+def test_no_leaks_block_keep(procown_no_leaks: pytest_plugin.NoLeaksFactory) -> None:
+    """keep=True reports the leak without signalling it."""
+    with pytest.raises(ProcessLeakError) as info, procown_no_leaks(keep=True):
+        pid = os.posix_spawnp("sleep", ["sleep", "30"], os.environ)
+    try:
+        assert [leak.fate for leak in info.value.leaks] == ["left running (keep)"]
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        _kill_child(pid)
+
+
+async def test_no_leaks_block_async(procown_no_leaks: pytest_plugin.NoLeaksFactory) -> None:
+    """`async with` works too; the block's own exception wins and carries the report as a note."""
+    with pytest.raises(ValueError, match="body") as info:
+        async with procown_no_leaks():
+            pid = os.posix_spawnp("sleep", ["sleep", "30"], os.environ)
+            await trio.sleep(0)
+            raise ValueError("body")
+    try:
+        assert any(f"pid {pid}: sleep 30" in note for note in info.value.__notes__)
+    finally:
+        _kill_child(pid)
+
+
+async def test_procown_command_fixture(procown_command: pytest_plugin.OwnedCommands) -> None:
+    """The fixture starts owned commands in the background, stops them, and raises spawn errors."""
+    run = await procown_command(["sleep", "30"])
+    assert psutil.Process(run.pid).status() != psutil.STATUS_ZOMBIE
+    receipt = await procown_command.stop(run)
+    assert (receipt.cause, receipt.domain_empty) == ("cancelled", True)
+    result = await procown_command.run(["true"])
+    assert result.returncode == 0
+    assert [r.cause for _, r in procown_command.receipts] == ["cancelled", "exited"]
+    with pytest.raises(FileNotFoundError):
+        await procown_command(["/nonexistent/procown-test"])
+
+
+def _kill_child(pid: int) -> None:
+    """SIGKILL and reap a child of this process started by a test (if still there)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,226 @@
+"""Services: handoff to a longer-lived owner, readiness, restarts, bounded stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import trio
+
+import trio_procown
+from conftest import py
+from helpers import alive
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_handed_off_command_survives_its_block_until_owner_exit() -> None:
+    """A command handed off outlives its block; the owner's exit stops it with a receipt."""
+    async with trio_procown.open_service_owner("session") as owner:
+        async with trio_procown.open_owned_command("echo up; sleep 30") as run:
+            async for line in run.lines():
+                assert line == "up\n"
+                break
+            handoff = await run.hand_off(owner, reason="shared by the session")
+        assert alive(run.pid)  # the block is over, the service runs on
+        assert run.receipt is None
+        assert handoff.to_owner == "session"
+        assert handoff.reason == "shared by the session"
+        assert handoff.pid == run.pid
+        assert "bounded teardown" in handoff.termination
+        (svc,) = owner.services
+        assert svc.handoff is handoff
+    assert not alive(run.pid)
+    assert run.receipt is not None
+    assert run.receipt.cause == "stopped"
+    assert run.receipt.domain_empty
+    assert owner.receipts == [(svc.name, run.receipt)]
+    assert any("handed off" in c for c in run.receipt.claims())
+
+
+async def test_command_not_handed_off_is_torn_down_with_its_block() -> None:
+    """Without a handoff, leaving the block tears the command down as usual."""
+    async with trio_procown.open_service_owner() as owner:
+        with trio.move_on_after(0.2):
+            async with trio_procown.open_owned_command("sleep 30") as run:
+                await run.wait()
+        assert not alive(run.pid)
+        assert owner.services == []
+
+
+async def test_output_keeps_its_single_drain_across_the_handoff() -> None:
+    """Bytes written before and after the handoff all land in the same record."""
+    code = (
+        "import sys, time\nprint('before', flush=True)\nsys.stdin.readline()\n"
+        "print('after', flush=True)\ntime.sleep(30)\n"
+    )
+    send, receive = trio.testing.memory_stream_pair()
+    async with trio_procown.open_service_owner() as owner:
+        async with trio_procown.open_owned_command(py(code), stdin=receive) as run:
+            lines = run.lines()
+            assert await lines.__anext__() == "before\n"
+            await send.send_all(b"go\n")
+            await trio.sleep(0)
+            await run.hand_off(owner, reason="test")
+        with trio.fail_after(10):
+            while b"after" not in run.stdout:
+                await run._drains["stdout"].wait_changed()
+    assert run.stdout == b"before\nafter\n"
+
+
+async def test_handoff_twice_or_after_exit_is_an_error() -> None:
+    """A second handoff, or a handoff of an ended command, raises HandoffError."""
+    async with trio_procown.open_service_owner() as owner:
+        async with trio_procown.open_owned_command("sleep 30") as run:
+            await run.hand_off(owner, reason="first")
+            with pytest.raises(trio_procown.HandoffError, match="already handed off"):
+                await run.hand_off(owner, reason="second")
+        async with trio_procown.open_owned_command("true") as done:
+            await done.wait()
+            with pytest.raises(trio_procown.HandoffError, match="no longer running"):
+                await done.hand_off(owner, reason="too late")
+    async with trio_procown.open_owned_command("sleep 30", timeout=1) as late:
+        with pytest.raises(trio_procown.HandoffError, match="closed"):
+            await late.hand_off(owner, reason="owner gone")
+        await late.terminate()
+
+
+async def test_ready_by_line() -> None:
+    """start() returns once a stdout line matches."""
+    async with trio_procown.open_service_owner() as owner:
+        svc = await owner.start(
+            "echo booting; echo listening on 1234; sleep 30",
+            ready=trio_procown.ready_line(r"listening on \d+"),
+        )
+        assert svc.state.value == "ready"
+        assert b"listening on 1234" in svc.stdout
+    assert svc.receipt is not None
+    assert svc.receipt.cause == "stopped"
+
+
+async def test_ready_by_port_with_a_real_http_server(tmp_path: object) -> None:
+    """A real http.server is ready when its port accepts connections, and is stopped at owner exit."""
+    port = _free_port()
+    async with trio_procown.open_service_owner() as owner:
+        web = await owner.start(
+            py(
+                f"import http.server, sys\nhttp.server.test(http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')\n"
+            ),
+            ready=trio_procown.ready_port(port),
+            cwd=str(tmp_path),
+        )
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET / HTTP/1.0\r\n\r\n")
+        reply = await stream.receive_some()
+        await stream.aclose()
+        assert reply.startswith(b"HTTP/1.0 200")
+    assert web.receipt is not None
+    assert web.receipt.domain_empty
+    assert not alive(web.receipt.pid)
+
+
+async def test_ready_by_file_and_predicate(tmp_path: object) -> None:
+    """Readiness by a file appearing and by a custom predicate."""
+    flag = os.path.join(str(tmp_path), "ready")
+    async with trio_procown.open_service_owner() as owner:
+        a = await owner.start(f"sleep 0.1; touch {flag}; sleep 30", ready=trio_procown.ready_file(flag))
+        assert os.path.exists(flag)
+        b = await owner.start(
+            "echo hello; sleep 30", ready=trio_procown.ready_when(lambda run: b"hello" in run.stdout)
+        )
+        assert b.state.value == a.state.value == "ready"
+
+
+async def test_readiness_timeout_tears_down_with_receipt_and_output() -> None:
+    """A service that never becomes ready: torn down, ServiceNotReady with receipt and output."""
+    async with trio_procown.open_service_owner() as owner:
+        with pytest.raises(trio_procown.ServiceNotReady, match="not ready after") as info:
+            await owner.start(
+                "echo partial; sleep 30", ready=trio_procown.ready_line("never"), ready_timeout=0.3
+            )
+    err = info.value
+    assert err.stdout == b"partial\n"
+    assert err.receipt is not None
+    assert err.receipt.domain_empty
+    assert not alive(err.receipt.pid)
+
+
+async def test_service_that_dies_before_ready() -> None:
+    """A service that exits during readiness fails fast with its status."""
+    async with trio_procown.open_service_owner() as owner:
+        with pytest.raises(trio_procown.ServiceNotReady, match="ended first"):
+            await owner.start("echo oops >&2; exit 3", ready=trio_procown.ready_port(_free_port()))
+
+
+async def test_service_that_exits_after_ready_is_reported() -> None:
+    """A ready service that exits by itself is reported to the owner (state exited, receipt)."""
+    async with trio_procown.open_service_owner() as owner:
+        svc = await owner.start("echo up; sleep 0.1; exit 4", ready=trio_procown.ready_line("up"))
+        with trio.fail_after(10):
+            await svc.state.wait_value("exited")
+        assert svc.receipt is not None
+        assert svc.receipt.cause == "exited"
+        assert svc.receipt.returncode == 4
+
+
+async def test_restart_policy_is_bounded() -> None:
+    """on-failure restarts a failing service at most max_restarts times."""
+    async with trio_procown.open_service_owner() as owner:
+        svc = await owner.start(
+            "echo up; exit 1", ready=trio_procown.ready_line("up"), restart="on-failure", max_restarts=2
+        )
+        with trio.fail_after(10):
+            await svc.state.wait_value("exited")
+    assert svc.restarts == 2
+    assert len(svc.receipts) == 3
+    assert all(r.returncode == 1 for r in svc.receipts)
+
+
+async def test_owner_stop_one_service() -> None:
+    """owner.stop() tears one service down and returns its receipt."""
+    async with trio_procown.open_service_owner() as owner:
+        a = await owner.start("sleep 30")
+        b = await owner.start("sleep 30")
+        receipt = await owner.stop(a)
+        assert receipt is not None
+        assert receipt.cause == "stopped"
+        assert a.state.value == "stopped"
+        assert b.run is not None
+        assert alive(b.run.pid)
+
+
+async def test_owner_exit_under_cancellation_tears_down_all_within_budget() -> None:
+    """Cancelling the owner's scope stops every service concurrently within the budget."""
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('up', flush=True)\ntime.sleep(30)\n"
+    )
+    services: list[trio_procown.Service] = []
+    with trio.move_on_after(20) as outer:
+        async with trio_procown.open_service_owner() as owner:
+            for _ in range(5):
+                services.append(
+                    await owner.start(py(code), ready=trio_procown.ready_line("up"), grace=0.3, kill_wait=1.0)
+                )
+            start = trio.current_time()
+            outer.cancel()
+            await trio.sleep_forever()
+    elapsed = trio.current_time() - start
+    assert elapsed < 0.3 + 1.0 + 0.5 + 1.0  # one budget, not five: stopped concurrently
+    for svc in services:
+        assert svc.receipt is not None
+        assert svc.receipt.cause == "cancelled"
+        assert svc.receipt.forced
+        assert not alive(svc.receipt.pid)
+
+
+async def test_start_rejects_a_timeout() -> None:
+    """A service has no timeout; passing one is a ValueError."""
+    async with trio_procown.open_service_owner() as owner:
+        with pytest.raises(ValueError, match="no timeout"):
+            await owner.start("sleep 1", timeout=1)
