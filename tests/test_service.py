@@ -109,7 +109,9 @@ async def test_ready_by_port_with_a_real_http_server(tmp_path: object) -> None:
     async with trio_procown.open_service_owner() as owner:
         web = await owner.start(
             py(
-                f"import http.server, sys\nhttp.server.test(http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')\n"
+                "import http.server\n"
+                "http.server.test(http.server.SimpleHTTPRequestHandler,"
+                f" port={port}, bind='127.0.0.1')\n"
             ),
             ready=trio_procown.ready_port(port),
             cwd=str(tmp_path),
