@@ -68,7 +68,7 @@ async def test_output_keeps_its_single_drain_across_the_handoff() -> None:
             await trio.sleep(0)
             await run.hand_off(owner, reason="test")
         with trio.fail_after(10):
-            while b"after" not in run.stdout:
+            while not run.stdout.endswith(b"after\n"):
                 await run._drains["stdout"].wait_changed()
     assert run.stdout == b"before\nafter\n"
 

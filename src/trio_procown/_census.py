@@ -45,7 +45,10 @@ class Census:
 
     def scan(self, domain: Domain, table: ProcessTable) -> list[ProcInfo]:
         """Live processes carrying our cookie that are outside the domain."""
-        hits = table.carrying(self.entry)
+        leader = domain.leader
+        since = leader.start if leader is not None else 0
+        skip = domain.pgid_inside()
+        hits = table.carrying(self.entry, since, skip)
         if not hits:
             return []
         outside = []

@@ -396,7 +396,7 @@ class CgroupDomain(Domain):
             return True
         return False
 
-    async def wait_empty(self) -> None:
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
         assert self.leader is not None
         await self.leader.wait()
         if self._unpopulated():

@@ -397,15 +397,18 @@ class OwnedCommand:
                 event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
                 action = machine.handle(event)
             elif action is Do.SIGNAL_GRACEFUL:
-                # Signal first: the census scan costs milliseconds.
+                # Signal first: the scan costs milliseconds. The scan then
+                # serves both the census and, as a hint of whom to wait
+                # for, the domain's wait.
                 detail = self._domain.signal_graceful()
                 self._step(Action.SIGNAL, "domain", detail)
-                if not escapees:
-                    escapees = census.scan(self._domain, await self._table())
+                table = await self._table()
+                escapees = census.scan(self._domain, table)
                 if escapees and census.policy == "terminate":
                     n = census.signal(escapees, (signal.SIGTERM, signal.SIGCONT))
                     self._step(Action.SIGNAL, "escapees", f"SIGTERM+SIGCONT to {n} census escapee(s)")
-                action = machine.handle(await self._wait_empty(escapees, machine.budget(), "grace"))
+                emptied = await self._wait_empty(escapees, machine.budget(), "grace", table.rows)
+                action = machine.handle(emptied)
             elif action is Do.SIGNAL_FORCE:
                 detail = self._domain.force()
                 self._step(Action.SIGNAL, "domain", detail)
@@ -440,11 +443,13 @@ class OwnedCommand:
                 msg = f"unexpected action {action!r}"
                 raise AssertionError(msg)
 
-    async def _wait_empty(self, escapees: list[ProcInfo], budget: float, name: str) -> Event:
+    async def _wait_empty(
+        self, escapees: list[ProcInfo], budget: float, name: str, hint: list[ProcInfo] | None = None
+    ) -> Event:
         census = self._census
         owned = escapees if census.policy == "terminate" else []
         with trio.move_on_after(budget) as scope:
-            await self._domain.wait_empty()
+            await self._domain.wait_empty(hint)
             while owned:
                 await census.wait_gone(owned)
                 owned = census.scan(self._domain, await self._table())

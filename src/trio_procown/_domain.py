@@ -87,8 +87,17 @@ class Domain(abc.ABC):
         """True when no live process (leader included) is in the domain."""
 
     @abc.abstractmethod
-    async def wait_empty(self) -> None:
-        """Wait until is_empty(); the caller's cancel scope bounds it."""
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
+        """Wait until is_empty(); the caller's cancel scope bounds it.
+
+        `hint` is a recent process-table snapshot: members alive in it are
+        waited for before the domain is scanned again.
+        """
+
+    def pgid_inside(self) -> int:
+        """A process group wholly inside this domain (-1 if none): the
+        census need not read its members."""
+        return -1
 
     def contains(self, pid: int) -> bool:
         """Is the process `pid` inside the domain right now? (read fresh)"""
@@ -134,6 +143,9 @@ class ProcessGroupDomain(Domain):
             snap = _procfs.snapshot(leader_pid, self._lived())
         return [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
 
+    def pgid_inside(self) -> int:
+        return self.pgid
+
     def contains(self, pid: int) -> bool:
         info = _procfs.read_stat(pid)
         return info is not None and info.pgrp == self.pgid
@@ -163,8 +175,12 @@ class ProcessGroupDomain(Domain):
         assert self.leader is not None
         return not self.leader.alive and not self.live_members(snap)
 
-    async def wait_empty(self) -> None:
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
         assert self.leader is not None
+        if hint is not None:
+            await wait_for_processes(
+                self.live_members(hint), functools.partial(_still_in_group, pgid=self.pgid)
+            )
         while True:
             await self.leader.wait()
             table = await _procfs.table_for(self.leader.pid, self._lived())
@@ -196,7 +212,9 @@ async def wait_for_processes(procs: Sequence[ProcInfo], verify: Callable[[ProcIn
                 await _pidfd.poll_until(functools.partial(_gone, verify, info))
             continue
         try:
-            if verify(info):
+            # Most members are gone by the time we look: poll before paying
+            # for a wait (a scheduling round trip each).
+            if not _pidfd.exited(fd) and verify(info):
                 await _pidfd.wait_exited(fd)
         finally:
             _pidfd.close(fd)

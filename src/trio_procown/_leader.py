@@ -17,9 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trio
-
-from . import _pidfd
+from . import _pidfd, _procfs
 
 
 def status_to_returncode(si_code: int, si_status: int) -> int:
@@ -38,6 +36,8 @@ class Leader:
         self.pidfd = _pidfd.open_pidfd(self.pid)
         self.returncode: int | None = None
         self.reaped = False
+        info = _procfs.read_stat(self.pid) if _procfs.IS_LINUX else None
+        self.start = info.start if info is not None else 0  # clock ticks since boot
 
     @classmethod
     def spawn(
@@ -144,6 +144,3 @@ class Leader:
         except OSError:
             self.signal(signal.SIGKILL)
 
-
-async def checkpoint_if_cancelled() -> None:
-    await trio.lowlevel.checkpoint_if_cancelled()

@@ -62,6 +62,7 @@ class ProcInfo:
     ppid: int
     pgrp: int
     state: str  # single letter as in /proc/PID/stat; "Z" is a zombie
+    start: int = 0  # start time in clock ticks since boot (0: unknown)
 
     @property
     def zombie(self) -> bool:
@@ -126,9 +127,9 @@ def read_stat(pid: int) -> ProcInfo | None:
     finally:
         os.close(fd)
     # The command name is in parentheses and may itself contain ") ".
-    fields = raw.rpartition(b") ")[2].split(b" ", 4)
+    fields = raw.rpartition(b") ")[2].split(b" ", 20)
     try:
-        return ProcInfo(pid, int(fields[1]), int(fields[2]), fields[0].decode())
+        return ProcInfo(pid, int(fields[1]), int(fields[2]), fields[0].decode(), int(fields[19]))
     except (IndexError, ValueError):
         return None
 
@@ -195,26 +196,33 @@ class ProcessTable:
 
     def __init__(self, rows: list[ProcInfo]) -> None:
         self.rows = rows
-        self._by_key: dict[bytes, dict[bytes, list[ProcInfo]]] = {}
+        # (key, pid) -> that process's KEY=VALUE entry, read at most once per
+        # table however many teardowns share it.
+        self._entries: dict[tuple[bytes, int], bytes | None] = {}
 
-    def carrying(self, entry: bytes) -> list[ProcInfo]:
-        """Live rows whose environment holds `entry` (KEY=VALUE)."""
+    def carrying(self, entry: bytes, started_since: int = 0, skip: int = -1) -> list[ProcInfo]:
+        """Live rows whose environment holds `entry` (KEY=VALUE).
+
+        Only processes started at or after `started_since` (clock ticks
+        since boot, as in /proc/PID/stat) are read: a descendant cannot be
+        older than its ancestor. Rows in process group `skip` are not read
+        either (the caller knows they are inside its domain).
+        """
         key = entry.partition(b"=")[0] + b"="
-        index = self._by_key.get(key)
-        if index is None:
-            index = self._by_key[key] = self._index(key)
-        return index.get(entry, [])
-
-    def _index(self, key: bytes) -> dict[bytes, list[ProcInfo]]:
         me = os.getpid()
-        index: dict[bytes, list[ProcInfo]] = {}
+        found = []
         for info in self.rows:
-            if info.zombie or info.pid == me:
+            if info.zombie or info.pid == me or info.pgrp == skip:
                 continue
-            found = environ_entry(info.pid, key)
-            if found is not None:
-                index.setdefault(found, []).append(info)
-        return index
+            if info.start and info.start < started_since:
+                continue
+            cached = (key, info.pid)
+            value = self._entries.get(cached, False)
+            if value is False:
+                value = self._entries[cached] = environ_entry(info.pid, key)
+            if value == entry:
+                found.append(info)
+        return found
 
 
 def environ_entry(pid: int, key: bytes) -> bytes | None:
