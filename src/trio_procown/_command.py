@@ -63,7 +63,15 @@ if TYPE_CHECKING:
 
 class HandoffError(RuntimeError):
     """A command cannot be handed off (already handed off, ended, or the
-    owner is closed)."""
+    owner is closed).
+
+    Synopsis::
+
+        try:
+            await run.hand_off(owner, reason="keep it running")
+        except trio_procown.HandoffError:
+            ...  # the command already ended: read run.receipt
+    """
 
 
 # Scheduling slack added to the teardown's deadline on top of its budgets:
@@ -123,6 +131,13 @@ class OwnedCommand:
     """A running owned command: its pid, its output so far, its receipt.
 
     Built only by `open_owned_command`; see there.
+
+    Synopsis::
+
+        async with trio_procown.open_owned_command(["make"]) as run:
+            print(run.pid, run.phase.value)
+            receipt = await run.wait()
+        print(run.stdout, run.receipt)
     """
 
     def __init__(self, _private: object) -> None:
@@ -726,7 +741,13 @@ def _output_fd(
 @final
 @dataclass(frozen=True, slots=True)
 class OwnedResult:
-    """What `run_owned` returns: the output and the receipt."""
+    """What `run_owned` returns: the output and the receipt.
+
+    Synopsis::
+
+        result = await trio_procown.run_owned(["git", "status"])
+        print(result.returncode, result.stdout.decode(), result.receipt.cause)
+    """
 
     stdout: bytes
     stderr: bytes

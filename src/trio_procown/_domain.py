@@ -35,7 +35,16 @@ from ._procfs import ProcInfo
 
 
 class DomainUnavailable(RuntimeError):
-    """The requested ownership domain cannot be used on this machine."""
+    """The requested ownership domain cannot be used on this machine; the
+    message says why.
+
+    Synopsis::
+
+        try:
+            result = await trio_procown.run_owned(cmd, domain="cgroup")
+        except trio_procown.DomainUnavailable as exc:
+            print("no cgroup here:", exc)
+    """
 
 
 class Domain(abc.ABC):

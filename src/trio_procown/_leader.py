@@ -143,4 +143,3 @@ class Leader:
             os.killpg(self.pid, signal.SIGKILL)
         except OSError:
             self.signal(signal.SIGKILL)
-

@@ -20,7 +20,12 @@ OutputState = Literal["complete", "truncated", "abandoned"]
 
 
 class Action(enum.Enum):
-    """What a step of the timeline did."""
+    """What a step of the timeline did.
+
+    Synopsis::
+
+        signals = [s for s in receipt.steps if s.action is trio_procown.Action.SIGNAL]
+    """
 
     SPAWN = "spawn"
     EXIT = "exit"  # the leader was seen to terminate
@@ -41,6 +46,11 @@ class Step:
     `at` is in seconds since the spawn; `target` names what was acted on
     ("leader", "domain", "escapees", "stdout", ...); `outcome` says how a
     wait or scan ended ("empty", "expired", "eof", "abandoned", ...).
+
+    Synopsis::
+
+        for step in receipt.steps:
+            print(step)   # "+0.503s signal domain: SIGTERM+SIGCONT to process group 2516"
     """
 
     at: float
@@ -69,7 +79,13 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class ProcessRecord:
-    """A process named by a receipt: pid, command line, and what became of it."""
+    """A process named by a receipt: pid, command line, and what became of it.
+
+    Synopsis::
+
+        for proc in receipt.escaped:
+            print(proc.pid, proc.cmdline, proc.fate)
+    """
 
     pid: int
     cmdline: str
@@ -81,7 +97,13 @@ class ProcessRecord:
 
 @dataclass(frozen=True, slots=True)
 class StreamRecord:
-    """How one output stream ended."""
+    """How one output stream ended: EOF or abandoned, and byte counts.
+
+    Synopsis::
+
+        for stream in receipt.streams:
+            print(stream.name, stream.state, stream.captured, stream.dropped)
+    """
 
     name: str
     state: Literal["eof", "abandoned", "not captured"]
@@ -316,6 +338,11 @@ class HandoffReceipt:
 
     Says from whom to whom, when, why, which domain holds the command, and
     how the new owner will end it.
+
+    Synopsis::
+
+        handoff = await run.hand_off(owner, reason="shared by the test session")
+        print(handoff)   # "pid 4242 handed from open_owned_command block to ..."
     """
 
     pid: int

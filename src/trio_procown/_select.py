@@ -21,7 +21,13 @@ DomainChoice: TypeAlias = DomainName
 
 @dataclass(frozen=True, slots=True)
 class DomainOption:
-    """One ownership domain and whether this machine offers it."""
+    """One ownership domain and whether this machine offers it.
+
+    Synopsis::
+
+        for option in trio_procown.available_domains():
+            print(option.name, option.available, option.reason)
+    """
 
     name: str
     available: bool
@@ -29,7 +35,12 @@ class DomainOption:
 
 
 def available_domains() -> list[DomainOption]:
-    """Every domain this library knows, strongest first, with availability."""
+    """Every domain this library knows, strongest first, with availability.
+
+    Synopsis::
+
+        names = [d.name for d in trio_procown.available_domains() if d.available]
+    """
     root = _cgroup.default_root()
     why = _cgroup.unavailable_reason(root)
     cgroup = DomainOption(
@@ -47,7 +58,12 @@ def available_domains() -> list[DomainOption]:
 
 
 def auto_choice() -> DomainOption:
-    """The domain "auto" picks here."""
+    """The domain "auto" picks here (the strongest available).
+
+    Synopsis::
+
+        print(trio_procown.auto_choice().name)   # "cgroup" or "process-group"
+    """
     for option in available_domains():
         if option.available:
             return option

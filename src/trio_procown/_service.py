@@ -58,13 +58,28 @@ ServiceState = Literal["starting", "ready", "restarting", "stopping", "stopped",
 
 
 class ServiceError(RuntimeError):
-    """A service could not be started or kept running."""
+    """A service could not be started or kept running.
+
+    Synopsis::
+
+        try:
+            svc = await owner.start(cmd, ready=trio_procown.ready_port(8000))
+        except trio_procown.ServiceError as exc:
+            print("service failed:", exc)
+    """
 
 
 class ServiceNotReady(ServiceError):
     """A service did not become ready; it was torn down.
 
     `receipt` is its teardown receipt; `stdout` and `stderr` what it printed.
+
+    Synopsis::
+
+        try:
+            await owner.start(cmd, ready=trio_procown.ready_line("listening"), ready_timeout=10)
+        except trio_procown.ServiceNotReady as exc:
+            print(exc.stderr.decode(), exc.receipt.claims())
     """
 
     def __init__(self, msg: str, receipt: Receipt | None, stdout: bytes, stderr: bytes) -> None:
@@ -169,6 +184,13 @@ class Service:
     """One service of a ServiceOwner: its current run, its receipts.
 
     Built by `ServiceOwner.start` or `OwnedCommand.hand_off`.
+
+    Synopsis::
+
+        svc = await owner.start(cmd, ready=trio_procown.ready_line("ready"))
+        print(svc.pid, svc.state.value)
+        await svc.state.wait_value("exited")   # e.g. wait for it to end
+        print(svc.receipt)
     """
 
     def __init__(self, name: str, command: Command | Sequence[str], origin: _Origin) -> None:
@@ -208,7 +230,15 @@ class Service:
 
 @final
 class ServiceOwner:
-    """Owns services beyond the blocks that start them; see `open_service_owner`."""
+    """Owns services beyond the blocks that start them; see `open_service_owner`.
+
+    Synopsis::
+
+        async with trio_procown.open_service_owner("session") as owner:
+            svc = await owner.start(cmd)
+            await owner.stop(svc)
+        print(owner.receipts)
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
