@@ -1,31 +1,41 @@
 """Test-suite guard: no test may leave a process behind.
 
-Every process the suite starts inherits PROCOWN_TEST_MARKER (set in our own
-environment at import) unless a test replaces the environment, in which case
-it must pass the marker itself (see `marked_env`). After each test we look
-for live processes carrying the marker; any survivor fails that test and is
-then killed (only processes carrying our marker are ever signalled).
+The suite watches itself with the library's own pytest plugin
+(trio_procown.pytest_plugin, see docs/pytest-plugin.md), in fail mode unless
+the command line says otherwise (`--procown-leaks=warn|off`): every process a
+test starts is tracked (a per-test cgroup where this machine allows it, an
+environment cookie and a fork log everywhere), a test that leaves one running
+errors at its teardown with a report naming it, and the process is then
+terminated; whatever is left outside any test fails the run at its end.
+
+PROCOWN_TEST_MARKER is still put in our environment at import, so every
+process the suite starts carries it; tests use it to tag and find their own
+processes (`py`, the chaos suite). Tests that replace the environment should
+build it with `marked_env`, which also carries the plugin's cookie, so such
+processes stay visible to the plugin where cgroups are unavailable.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import uuid
-from collections.abc import Iterator
 
-import psutil
 import pytest
+
+from trio_procown.pytest_plugin import COOKIE_ENV
 
 MARKER_VAR = "PROCOWN_TEST_MARKER"
 MARKER = os.environ.setdefault(MARKER_VAR, f"procown-test-{uuid.uuid4().hex}")
-_MARKER_ENTRY = f"{MARKER_VAR}={MARKER}".encode()
 
 
 def marked_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A minimal environment for tests that pass env=, carrying the marker."""
+    """A minimal environment for tests that pass env=, carrying the marker
+    and the leak check's cookie."""
     env = {"PATH": os.environ.get("PATH", os.defpath), MARKER_VAR: MARKER}
+    cookie = os.environ.get(COOKIE_ENV)
+    if cookie:
+        env[COOKIE_ENV] = cookie
     env.update(extra or {})
     return env
 
@@ -35,63 +45,8 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", code, MARKER]
 
 
-def _carries_marker(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return _MARKER_ENTRY in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def survivors() -> list[psutil.Process]:
-    """Live processes (not zombies) started by this test session."""
-    me = os.getpid()
-    ancestors = {p.pid for p in psutil.Process(me).parents()}
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        pid = proc.info["pid"]
-        if pid == me or pid in ancestors or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if _carries_marker(pid):
-            found.append(proc)
-    return found
-
-
-def _describe(procs: list[psutil.Process]) -> str:
-    lines = []
-    for p in procs:
-        try:
-            lines.append(f"pid {p.pid}: {' '.join(p.cmdline())[:150]}")
-        except psutil.Error:
-            lines.append(f"pid {p.pid}: (gone)")
-    return "\n".join(lines)
-
-
-def _kill(procs: list[psutil.Process]) -> None:
-    for p in procs:
-        try:
-            if _carries_marker(p.pid):
-                p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=3)
-
-
-@pytest.fixture(autouse=True)
-def _no_survivors() -> Iterator[None]:
-    """Fail any test that leaves a marked process alive."""
-    yield
-    left = survivors()
-    if left:
-        text = _describe(left)
-        _kill(left)
-        pytest.fail(f"test left {len(left)} process(es) alive:\n{text}", pytrace=False)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    left = survivors()
-    if left:
-        text = _describe(left)
-        _kill(left)
-        sys.stderr.write(f"\nprocesses left by the test session:\n{text}\n")
-        session.exitstatus = 1
+def pytest_configure(config: pytest.Config) -> None:
+    # The leak check is on for this suite unless the command line chose a
+    # mode; the plugin reads the option only at session start.
+    if config.pluginmanager.hasplugin("procown") and config.getoption("procown_leaks", None) is None:
+        config.option.procown_leaks = "fail"

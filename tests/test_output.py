@@ -177,3 +177,38 @@ async def test_abandoned_drain_when_escapee_holds_the_pipe() -> None:
         assert any("abandoned" in c for c in result.receipt.claims())
     finally:
         os.kill(pid, 9)
+
+
+async def test_lossless_stream_slows_the_command_instead_of_losing_bytes() -> None:
+    """A lossless consumer far slower than the command receives every byte, in order."""
+    total = 4 << 20
+    code = (
+        "import os\n"
+        "block = bytes(range(256)) * 256\n"
+        f"for _ in range({total} // len(block)):\n"
+        "    os.write(1, block)\n"
+    )
+    received = bytearray()
+    async with trio_procown.open_owned_command(py(code), max_output=64 << 10) as run:
+        async with run.stream("stdout", lossless=True) as chunks:
+            async for chunk in chunks:
+                received += chunk
+                await trio.sleep(0.001)  # a slow consumer (the point of the test)
+            assert chunks.skipped == 0
+        receipt = await run.wait()
+    assert len(received) == total
+    assert bytes(received) == (bytes(range(256)) * 256) * (total // 65536)
+    assert receipt.output == "truncated"  # the record kept head and tail only
+
+
+async def test_closing_a_lossless_stream_releases_the_command() -> None:
+    """A lossless consumer that stops early and closes no longer holds the command back."""
+    code = "import os\nfor _ in range(200):\n    os.write(1, b'x' * 65536)\n"
+    async with trio_procown.open_owned_command(py(code), max_output=1 << 16, timeout=30) as run:
+        async with run.stream("stdout", lossless=True) as chunks:
+            async for _ in chunks:
+                break
+        receipt = await run.wait()
+    assert receipt.cause == "exited"
+    (stdout,) = [s for s in receipt.streams if s.name == "stdout"]
+    assert stdout.captured == 200 * 65536

@@ -490,3 +490,21 @@ def _kill_child(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
+    """The narrowed cookie scan finds a process created after the mark; without a sound bound it scans all."""
+    mark = pytest_plugin._pid_mark()
+    if mark is None:
+        pytest.skip("no /proc")
+    token = "feedfacecafebeef"
+    env = dict(os.environ, **{COOKIE_ENV: f"other.call:{token}.call"})
+    pid = os.posix_spawnp("sleep", ["sleep", "30"], env)
+    try:
+        assert pytest_plugin._cookie_scan(token, mark) == {pid: "call"}
+        assert pytest_plugin._cookie_scan(token) == {pid: "call"}
+        unsound = pytest_plugin._PidMark(mark.last_pid, mark.tasks, mark.forks - 10**6)
+        pids, may_be_threads = pytest_plugin._candidate_pids(unsound)
+        assert os.getppid() in pids and pid in pids and not may_be_threads
+    finally:
+        _kill_child(pid)

@@ -28,11 +28,12 @@
 # signal, following GNU timeout's conventions (see EPILOG). A broken pipe on
 # our stdout/stderr is treated like SIGPIPE: teardown, then 128+13.
 #
-# The drain never waits for a consumer (library policy): a pump whose reader
-# is slower than the command falls behind, and past the kept tail of the
-# record (--max-output) it is made to skip bytes. Each pump counts what it
-# passed on; if that is less than the receipt says was read, procown says
-# how many bytes were lost and exits 125 rather than pass a gap for success.
+# The pumps follow the drain *losslessly*: when our reader is slower than the
+# command, the drain holds back and the command's writes block, as they
+# would under GNU timeout, instead of bytes being skipped. As a safety net
+# each pump counts what it passed on; if that is ever less than the receipt
+# says was read (a drain abandoned at teardown, say), procown says how many
+# bytes were not passed on and exits 125 rather than pass a gap for success.
 # procown's stdin is passed to the command by path (/dev/stdin), so the
 # command reads it directly, with no copy and no drain.
 #
@@ -429,8 +430,9 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
                         escapees=options.escapees,
                         max_output=options.max_output,
                     ) as run:
-                        pumps.start_soon(_pump, run.stream("stdout"), sinks["stdout"], stopper)
-                        pumps.start_soon(_pump, run.stream("stderr"), sinks["stderr"], stopper)
+                        for name in ("stdout", "stderr"):
+                            chunks = run.stream(name, lossless=True)
+                            pumps.start_soon(_pump, chunks, sinks[name], stopper)
                         await run.wait()
                 except FileNotFoundError as exc:
                     if run is not None:

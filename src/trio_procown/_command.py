@@ -49,7 +49,7 @@ from trio_util import AsyncValue
 from . import _procfs
 from ._census import COOKIE_VAR, Census, EscapeePolicy
 from ._domain import Domain
-from ._drain import DEFAULT_MAX_OUTPUT, Drain, lines
+from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, Drain, lines
 from ._escalation import Budgets, Do, Escalation, Event
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
@@ -291,15 +291,21 @@ class OwnedCommand:
             nursery.start_soon(drain.run)
         nursery.start_soon(self._own)
 
-    def stream(self, name: Literal["stdout", "stderr"] = "stdout") -> AsyncIterator[bytes]:
+    def stream(self, name: Literal["stdout", "stderr"] = "stdout", *, lossless: bool = False) -> ChunkStream:
         """Iterate over a stream's bytes: everything still retained from the
         start, then live chunks until end of output.
 
         The iterator is fed by the command's single drain, never by reading
-        the pipe. Policy for slow consumers: the drain never waits for them;
-        if a consumer falls so far behind that bytes it has not seen were
-        dropped by `max_output`, it skips to the oldest retained byte (the
-        record itself, `run.stdout`, is never affected).
+        the pipe. Policy for slow consumers: by default the drain never waits
+        for them; if a consumer falls so far behind that bytes it has not
+        seen were dropped by `max_output`, it skips to the oldest retained
+        byte (counted in `.skipped`; the record itself is not affected).
+        With ``lossless=True`` the consumer holds the drain back instead:
+        no byte is dropped before it has read it, and a slow consumer slows
+        the command (its writes block) rather than losing output. Close a
+        lossless stream you stop reading early (``async with`` or
+        ``.close()``), or it keeps holding the command back until the
+        teardown, whose drain wait stays bounded by `drain_wait`.
 
         Synopsis::
 
@@ -311,7 +317,7 @@ class OwnedCommand:
         if drain is None:
             msg = f"{name} is not captured for this command"
             raise ValueError(msg)
-        return drain.chunks()
+        return drain.chunks(lossless=lossless)
 
     def lines(
         self,
@@ -319,6 +325,7 @@ class OwnedCommand:
         *,
         encoding: str = "utf-8",
         errors: str = "replace",
+        lossless: bool = False,
     ) -> AsyncIterator[str]:
         """Iterate over a stream's text lines (newline kept; a last line
         without one is yielded too), decoded incrementally so a character
@@ -329,7 +336,7 @@ class OwnedCommand:
             async for line in run.lines("stderr"):
                 log.warning(line.rstrip())
         """
-        return lines(self.stream(name), encoding, errors)
+        return lines(self.stream(name, lossless=lossless), encoding, errors)
 
     # -- lifecycle ------------------------------------------------------------
     def _step(self, action: Action, target: str, detail: str = "", outcome: str = "") -> Step:

@@ -13,11 +13,18 @@
 # memory stays bounded whatever the command writes.
 #
 # Consumers (run.stream(), run.lines()) never touch the pipe: they follow
-# the Capture by absolute byte offset. A consumer that falls so far behind
-# that the bytes it has not seen were dropped from the record skips to the
-# oldest retained byte and is told how many it missed; the drain never waits
-# for a consumer, so a slow or stopped consumer can neither stall the command
-# nor hang the teardown, and the record stays intact.
+# the Capture by absolute byte offset. By default a consumer that falls so
+# far behind that the bytes it has not seen were dropped from the record
+# skips to the oldest retained byte and is told how many it missed; the
+# drain never waits for it, so a slow or stopped consumer can neither stall
+# the command nor hang the teardown, and the record stays intact.
+#
+# A *lossless* consumer (stream(..., lossless=True), e.g. a CLI forwarding
+# output) instead holds the drain back: the drain reads from the pipe only
+# as much as fits in the tail without dropping a byte that consumer has not
+# read yet, so a slow consumer slows the command down (its writes block on
+# the full pipe) instead of losing bytes. The teardown still cannot hang: its
+# drain wait is bounded by drain_wait, after which the drain is abandoned.
 #
 # Abandoning (after drain_wait in the teardown) cancels the reader and closes
 # the read end; bytes read until then are kept.
@@ -134,6 +141,8 @@ class Drain:
         self._scope = trio.CancelScope(shield=True)
         self._pausing = False
         self._stopped = trio.Event()
+        self._holders: set[ChunkStream] = set()  # lossless consumers
+        self._progress: trio.Event | None = None
         self._changed: trio.Event | None = None
         self.skipped = 0  # bytes consumers skipped because they were dropped first
         os.set_blocking(fd, False)
@@ -169,8 +178,15 @@ class Drain:
         try:
             with self._scope:
                 while True:
+                    want = size
+                    if self._holders:
+                        room = self._room()
+                        while room <= 0:
+                            await self._wait_progress()
+                            room = self._room()
+                        want = min(size, room)
                     try:
-                        data = os.read(fd, size)
+                        data = os.read(fd, want)
                     except BlockingIOError:
                         await trio.lowlevel.wait_readable(fd)
                         continue
@@ -181,7 +197,7 @@ class Drain:
                     if not data:
                         self.eof = True
                         return
-                    if len(data) == size == FIRST_READ_SIZE:
+                    if len(data) == want == size == FIRST_READ_SIZE:
                         enlarge_pipe(fd)
                         size = READ_SIZE
                     append(data)
@@ -192,6 +208,26 @@ class Drain:
                 self._stopped.set()
             else:
                 self._finish()
+
+    def _room(self) -> int:
+        """How many bytes may be appended without dropping any byte that a
+        lossless consumer has not read yet."""
+        cap = self.capture
+        room = READ_SIZE
+        for holder in self._holders:
+            keep_from = max(holder.offset, cap.head_limit)
+            room = min(room, cap.tail_limit + keep_from - cap.total)
+        return room
+
+    async def _wait_progress(self) -> None:
+        if self._progress is None:
+            self._progress = trio.Event()
+        await self._progress.wait()
+
+    def _advanced(self) -> None:
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     def _finish(self) -> None:
         self._close()
@@ -227,9 +263,9 @@ class Drain:
             self._changed = trio.Event()
         await self._changed.wait()
 
-    def chunks(self) -> ChunkStream:
+    def chunks(self, *, lossless: bool = False) -> ChunkStream:
         """Every retained byte from the start, then live, until the end."""
-        return ChunkStream(self)
+        return ChunkStream(self, lossless=lossless)
 
 
 class ChunkStream:
@@ -240,10 +276,16 @@ class ChunkStream:
     unfinished generator for the garbage collector.
     """
 
-    def __init__(self, drain: Drain) -> None:
+    def __init__(self, drain: Drain, *, lossless: bool = False) -> None:
         self._drain = drain
         self.offset = 0
         self.skipped = 0  # bytes dropped from the record before we read them
+        self.lossless = lossless
+        if lossless:
+            if drain.capture.tail_limit < 1:
+                msg = "a lossless stream needs max_output of at least 2 bytes"
+                raise ValueError(msg)
+            drain._holders.add(self)
 
     def __aiter__(self) -> ChunkStream:
         return self
@@ -254,11 +296,31 @@ class ChunkStream:
             self.offset, data, skipped = drain.capture.read_from(self.offset)
             self.skipped += skipped
             if data:
+                if self.lossless:
+                    drain._advanced()
                 await trio.lowlevel.checkpoint()
                 return data
             if drain.done.is_set() and self.offset >= drain.capture.total:
+                self.close()
                 raise StopAsyncIteration
             await drain.wait_changed()
+
+    def close(self) -> None:
+        """Stop following; a lossless stream stops holding the drain back."""
+        if self.lossless:
+            self._drain._holders.discard(self)
+            self._drain._advanced()
+            self.lossless = False
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> ChunkStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
 
 class LineStream:
