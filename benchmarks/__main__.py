@@ -23,8 +23,16 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import deadline, drain, force, scaling, spawn
-from ._harness import Config, Section, environment, install_marker, kill_marked, leftover_cgroups
+from . import deadline, drain, force, peers, scaling, spawn
+from ._harness import (
+    Config,
+    Section,
+    environment,
+    install_marker,
+    kill_marked,
+    leftover_cgroups,
+    results_dir,
+)
 from ._report import write
 
 SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
@@ -33,6 +41,7 @@ SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
     "force": force.run,
     "drain": drain.run,
     "scaling": scaling.run,
+    "peers": peers.run,
 }
 
 
@@ -79,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(0.1)
     final = kill_marked(cfg.marker)
     cgroups = leftover_cgroups(os.getpid(), remove=True)
-    path = write(env, sections, final, total, cgroups)
+    path = write(results_dir(cfg), env, sections, final, total, cgroups)
     print(path.read_text())
     print(f"[benchmarks] report written to {path} and {path.with_suffix('.json')}", file=sys.stderr)
     if any(s.error for s in sections):

@@ -56,6 +56,16 @@ class Config:
         return quick if self.quick else full
 
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir(cfg: Config) -> Path:
+    """Where this run's report and plots go: results/ for a full run (the
+    committed results), results/quick/ for a --quick smoke run, so a smoke
+    run never overwrites the committed full results."""
+    return RESULTS / "quick" if cfg.quick else RESULTS
+
+
 def usable_domains() -> list[DomainName]:
     """The ownership domains this machine offers, strongest first."""
     names: list[DomainName] = []
@@ -173,9 +183,9 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def marked_processes(marker: str) -> list[tuple[int, str]]:
-    """Live processes (zombies excluded) carrying our marker, except us."""
-    needle = f"{MARKER_VAR}={marker}".encode()
+def marked_processes(marker: str, var: str = MARKER_VAR) -> list[tuple[int, str]]:
+    """Live processes (zombies excluded) carrying `var=marker`, except us."""
+    needle = f"{var}={marker}".encode()
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
@@ -187,12 +197,12 @@ def marked_processes(marker: str) -> list[tuple[int, str]]:
     return found
 
 
-def kill_marked(marker: str) -> list[tuple[int, str]]:
-    """SIGKILL every live process carrying our marker, through a pidfd that
+def kill_marked(marker: str, var: str = MARKER_VAR) -> list[tuple[int, str]]:
+    """SIGKILL every live process carrying `var=marker`, through a pidfd that
     is re-verified after opening (never a recycled pid). Returns the killed."""
-    needle = f"{MARKER_VAR}={marker}".encode()
+    needle = f"{var}={marker}".encode()
     killed = []
-    for pid, cmd in marked_processes(marker):
+    for pid, cmd in marked_processes(marker, var):
         try:
             fd = os.pidfd_open(pid)
         except OSError:
@@ -334,6 +344,7 @@ class Section:
     data: dict[str, Any] = field(default_factory=dict)
     targets: list[dict[str, Any]] = field(default_factory=list)
     survivors: list[tuple[int, str]] = field(default_factory=list)
+    images: list[tuple[str, str]] = field(default_factory=list)  # (caption, file name in results/)
     seconds: float = 0.0
     error: str = ""
 

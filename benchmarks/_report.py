@@ -12,8 +12,6 @@ from typing import Any
 
 from ._harness import Section, Table
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def _table(t: Table) -> list[str]:
     out = ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
@@ -88,6 +86,8 @@ def markdown(
             lines += ["**Scenario failed:**", "", "```", s.error.rstrip(), "```", ""]
         for table in s.tables:
             lines += _table(table)
+        for caption, name in s.images:
+            lines += [f"![{caption}]({name})", ""]
         for note in s.notes:
             lines.append(f"- Note: {note}")
         if s.notes:
@@ -106,14 +106,15 @@ def _clean(obj: Any) -> Any:
 
 
 def write(
+    out_dir: Path,
     env: dict[str, Any],
     sections: list[Section],
     final_survivors: list[tuple[int, str]],
     total: float,
     cgroups: list[str],
 ) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    md = RESULTS / "latest.md"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "latest.md"
     md.write_text(markdown(env, sections, final_survivors, total, cgroups) + "\n")
     payload = {
         "environment": env,
@@ -129,10 +130,11 @@ def write(
                 "targets": s.targets,
                 "survivors": s.survivors,
                 "notes": s.notes,
+                "images": [name for _, name in s.images],
                 "data": s.data,
             }
             for s in sections
         ],
     }
-    (RESULTS / "latest.json").write_text(json.dumps(_clean(payload), indent=1) + "\n")
+    (out_dir / "latest.json").write_text(json.dumps(_clean(payload), indent=1) + "\n")
     return md

@@ -505,6 +505,8 @@ def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
         assert pytest_plugin._cookie_scan(token) == {pid: "call"}
         unsound = pytest_plugin._PidMark(mark.last_pid, mark.tasks, mark.forks - 10**6)
         pids, may_be_threads = pytest_plugin._candidate_pids(unsound)
-        assert os.getppid() in pids and pid in pids and not may_be_threads
+        assert os.getppid() in pids
+        assert pid in pids
+        assert not may_be_threads
     finally:
         _kill_child(pid)
