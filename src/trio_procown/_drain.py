@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import codecs
 import errno
-import fcntl
 import os
 from collections import deque
 from collections.abc import AsyncIterator
@@ -48,6 +47,8 @@ DEFAULT_MAX_OUTPUT = 64 << 20
 
 def enlarge_pipe(fd: int) -> None:
     """Ask for a 1 MiB pipe buffer (fewer wake-ups); ignore refusal."""
+    import fcntl  # POSIX only; imported here so the package imports anywhere
+
     setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
     if setsz is None:
         return
