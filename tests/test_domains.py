@@ -199,3 +199,14 @@ def test_subreaper_mode_reaps_orphans() -> None:
     unreaped_none, reaped = out.stdout.decode().split()
     assert unreaped_none == "True"
     assert int(reaped) >= 1
+
+
+async def test_process_group_domain_on_a_non_posix_platform_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a non-POSIX platform the process-group domain raises DomainUnavailable, nothing is spawned."""
+    from trio_procown import _select
+
+    monkeypatch.setattr(_select, "is_posix", lambda: False)
+    with pytest.raises(trio_procown.DomainUnavailable, match="POSIX"):
+        await trio_procown.run_owned("true", domain="process-group")

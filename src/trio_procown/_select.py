@@ -34,6 +34,11 @@ class DomainOption:
     reason: str  # why it is unavailable, or what it will use
 
 
+def is_posix() -> bool:
+    """True on POSIX platforms (the process-group domain needs one)."""
+    return os.name == "posix"
+
+
 def available_domains() -> list[DomainOption]:
     """Every domain this library knows, strongest first, with availability.
 
@@ -48,7 +53,7 @@ def available_domains() -> list[DomainOption]:
         why is None,
         f"child cgroups under {os.path.realpath(root)}" if why is None and root else (why or ""),
     )
-    posix = os.name == "posix"
+    posix = is_posix()
     group = DomainOption(
         "process-group",
         posix,
@@ -78,7 +83,7 @@ def make_domain(choice: DomainChoice) -> Domain:
     if choice == "cgroup":
         return _cgroup.CgroupDomain()
     if choice == "process-group":
-        if os.name != "posix":
+        if not is_posix():
             msg = "the process-group domain needs a POSIX platform"
             raise DomainUnavailable(msg)
         return ProcessGroupDomain()
