@@ -34,5 +34,18 @@ bench-quick: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# HTML documentation (Sphinx), warnings as errors; the docs extra is
+# installed into the venv on first use.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+.PHONY: docs
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test,docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

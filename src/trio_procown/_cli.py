@@ -85,7 +85,7 @@ exit status (GNU timeout's conventions):
   128+N  the command was killed by signal N (not by procown's teardown)
   124    the --timeout expired; the command was torn down
   125    procown itself failed (bad option, domain unavailable, bad --cwd, ...,
-         or output lost because procown's own output was read too slowly)
+         or output not passed on because a drain was abandoned at teardown)
   126    the command was found but cannot be run (no permission)
   127    the command was not found
   128+N  procown received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143),
@@ -194,9 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_OUTPUT,
         metavar="BYTES",
         help=(
-            "memory bound per output stream (suffixes K, M, G); if procown's own output is read "
-            "so slowly that it falls more than half of it behind, bytes are lost and procown "
-            "exits 125 (default: 64M)"
+            "memory bound per output stream for the receipt's record (suffixes K, M, G); output "
+            "is forwarded losslessly whatever the bound: a slow reader of procown holds the "
+            "command back (default: 64M)"
         ),
     )
     run.add_argument(
@@ -477,8 +477,8 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
         if sink is not None and sink.forwarded < record.captured:
             _say(
                 f"procown: error: {record.captured - sink.forwarded} byte(s) of the command's "
-                f"{record.name} were not passed on: procown's {record.name} was read too slowly "
-                f"and fell too far behind (raise --max-output); the command's own exit status was {status}"
+                f"{record.name} were not passed on (the drain was abandoned at teardown); "
+                f"the command's own exit status was {status}"
             )
             status = EXIT_PROCOWN
     return status, receipt

@@ -192,6 +192,7 @@ class OwnedCommand:
 
     @property
     def domain_id(self) -> str:
+        """What identifies the domain: ``"pgid N"`` or the cgroup's path."""
         return self._domain.ident
 
     @property

@@ -60,6 +60,7 @@ class Step:
     outcome: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of this value."""
         return {
             "at": round(self.at, 6),
             "action": self.action.value,
@@ -92,6 +93,7 @@ class ProcessRecord:
     fate: str = ""  # "alive", "terminated", "killed", "zombie", ...
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of this value."""
         return {"pid": self.pid, "cmdline": self.cmdline, "fate": self.fate}
 
 
@@ -112,6 +114,7 @@ class StreamRecord:
     dropped: int  # bytes read but dropped by the size limit
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of this value."""
         return {
             "name": self.name,
             "state": self.state,
@@ -357,6 +360,7 @@ class HandoffReceipt:
     termination: str
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of this value."""
         return {
             "pid": self.pid,
             "command": list(self.command),

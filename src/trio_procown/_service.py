@@ -209,14 +209,17 @@ class Service:
 
     @property
     def pid(self) -> int | None:
+        """The pid of the current incarnation's direct process."""
         return self.run.pid if self.run else None
 
     @property
     def stdout(self) -> bytes:
+        """The current incarnation's stdout so far (bounded by max_output)."""
         return self.run.stdout if self.run else b""
 
     @property
     def stderr(self) -> bytes:
+        """The current incarnation's stderr so far (bounded by max_output)."""
         return self.run.stderr if self.run else b""
 
     @property
