@@ -28,11 +28,14 @@ default, see docs/chaos.md for the local soak budget).
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
+import pathlib
 import select
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -47,7 +50,7 @@ from hypothesis import strategies as st
 
 import trio_procown
 from conftest import MARKER, MARKER_VAR, py
-from helpers import domains
+from helpers import alive, domains
 from trio_procown import _cgroup
 from trio_procown._command import TEARDOWN_ALLOWANCE
 
@@ -96,7 +99,9 @@ TAG_VAR = "CHAOS_TAG"
 # 1984 bytes per write: one atomic pipe write), and after each write that
 # returned appends the same batch to SIDE_DIR/PID: the side log of what
 # certainly entered the pipe. A "storm" member forks up to 3 children on
-# its first SIGTERM (who call setsid() with "storm-setsid") and lives on.
+# its first SIGTERM and lives on; with "storm-setsid" the children call
+# setsid(); with "storm-exit" they call setsid() and the member then exits
+# (processes that leave the domain during the teardown).
 # ---------------------------------------------------------------------------
 TREE_PROGRAM = r"""
 import json, os, signal, sys, time
@@ -134,7 +139,9 @@ def on_term_storm(node):
         stormed.append(1)
         for _ in range(node["storm"]):
             if os.fork() == 0:
-                storm_child(node["t"] == "storm-setsid")
+                storm_child(node["t"] != "storm")
+        if node["t"] == "storm-exit":
+            os._exit(node["c"])
     return handler
 
 
@@ -233,19 +240,21 @@ behave(SPEC)
 # Strategies
 # ---------------------------------------------------------------------------
 MAX_MEMBERS = 8  # plus the leader, never-reaped zombies and storm children
+# SIGTERM dispositions that survive SIGTERM (storm-exit forks, then exits).
+IMMUNE = ("ignore", "storm", "storm-setsid")
 
 
 def _node(draw: st.DrawFn, budget: list[int], depth: int, exits: list[str]) -> dict[str, Any]:
     kids: list[dict[str, Any]] = []
     if depth < 3 and budget[0] > 0:
-        n = draw(st.integers(0, min(3, budget[0])))
+        n = draw(st.integers(1 if depth == 0 else 0, min(3, budget[0])))
         budget[0] -= n
         kids = [_node(draw, budget, depth + 1, ["never", "early", "late"]) for _ in range(n)]
     root = depth == 0
     exit_mode = draw(st.sampled_from(exits))
     return {
         "k": kids,
-        "t": draw(st.sampled_from(["default", "default", "ignore", "storm", "storm-setsid"])),
+        "t": draw(st.sampled_from(["default", "default", "ignore", "storm", "storm-setsid", "storm-exit"])),
         "storm": draw(st.integers(1, 3)),
         "d": "none" if root else draw(st.sampled_from(["none", "none", "setsid", "setpgid", "daemon"])),
         "s": draw(st.booleans()) if exit_mode == "never" or not root else False,
@@ -269,7 +278,8 @@ def _number(node: dict[str, Any], counter: list[int]) -> None:
 @st.composite
 def trees(draw: st.DrawFn, exits: tuple[str, ...] = ("never", "early", "late", "orphan")) -> dict[str, Any]:
     """A process tree: a leader with at most MAX_MEMBERS members below it, numbered in preorder."""
-    budget = [draw(st.integers(0, MAX_MEMBERS))]
+    # Hypothesis favours small values: give bigger trees a second chance.
+    budget = [draw(st.integers(0, MAX_MEMBERS) | st.integers(4, MAX_MEMBERS))]
     tree = _node(draw, budget, 0, list(exits))
     _number(tree, [0])
     return tree
@@ -547,11 +557,21 @@ def _log(domain: str, tree: dict[str, Any], sc: Scenario, obs: Observed) -> None
         "output": r.output,
         "escaped": len(r.escaped),
         "took": round(obs.took, 4),
+        # took minus the budgets of the waits that ran out: the cost of the
+        # teardown's actions plus scheduling, what the allowances must cover.
+        "overhead": round(obs.took - sum(_budget_of(s) for s in r.steps if s.outcome == "expired"), 4),
         "budget": sc.grace + KILL_WAIT + DRAIN_WAIT,
         "duration": round(r.duration, 4),
     }
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+def _budget_of(step: trio_procown.Step) -> float:
+    """The budget of a WAIT step ("budget 0.3s (grace)"), else 0."""
+    if step.action is not trio_procown.Action.WAIT or not step.detail.startswith("budget "):
+        return 0.0
+    return float(step.detail.split()[1].rstrip("s"))
 
 
 def _run_example(domain: str, tree: dict[str, Any], sc: Scenario) -> None:
@@ -622,7 +642,10 @@ def _side_logs(side: str) -> dict[int, int]:
     out = {}
     for name in os.listdir(side):
         with open(os.path.join(side, name), "rb") as f:
-            rec = _parse(f.read())
+            data = f.read()
+        # A writer killed in the middle of its side-log write (not atomic for
+        # a regular file) leaves a torn last line: count complete lines only.
+        rec = _parse(data[: data.rfind(b"\n") + 1])
         assert not rec.unknown
         got = rec.seqs.get(int(name), [])
         assert got == list(range(len(got))), f"side log of {name} is not a prefix"
@@ -700,7 +723,8 @@ def check_example(
     if r.cause == "exited":
         assert r.returncode == tree["c"], context
     else:
-        codes = {-signal.SIGTERM, -signal.SIGKILL} | ({tree["c"]} if tree["x"] != "never" else set())
+        exits_itself = tree["x"] != "never" or tree["t"] == "storm-exit"
+        codes = {-signal.SIGTERM, -signal.SIGKILL} | ({tree["c"]} if exits_itself else set())
         assert r.returncode in codes, context
     if r.returncode == -signal.SIGKILL:
         assert r.forced, context
@@ -759,7 +783,7 @@ def check_example(
         graceful = any(s.action is Act.SIGNAL for s in steps)
         forever = [(n, inside or domain == "cgroup") for n, inside in members if n["x"] == "never"]
         reached = [n for n, inside in forever if inside or sc.policy == "terminate"]
-        if graceful and any(n["t"] != "default" for n in reached):
+        if graceful and any(n["t"] in IMMUNE for n in reached):
             assert r.forced, f"SIGTERM-immune members alive at the signal, yet not forced{context}"
         found = {p.pid for p in r.census} | escaped
         for n, inside in forever:
@@ -856,6 +880,42 @@ def test_chaos_keyboard_interrupt(domain: str, tree: dict[str, Any], sc: Scenari
 
 
 # ---------------------------------------------------------------------------
+# Stress: the small-size version of benchmarks/stress.py
+# ---------------------------------------------------------------------------
+def _stress_module() -> Any:
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    if root not in sys.path:  # `pytest` (unlike `python -m pytest`) does not put it there
+        sys.path.insert(0, root)
+    return importlib.import_module("benchmarks.stress")
+
+
+STRESS_BURST = int(os.environ.get("PROCOWN_STRESS_BURST", "60"))
+STRESS_SOAK = float(os.environ.get("PROCOWN_STRESS_SOAK", "3"))
+
+
+@pytest.mark.timeout(120 + STRESS_BURST // 5 + 2 * STRESS_SOAK)
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_stress_small_burst_and_soak(domain: str) -> None:
+    """Trees with grandchildren cancelled together, then a soak: nothing left, every receipt clean."""
+    stress = _stress_module()
+    warm_up(domain)
+    b = stress.burst(STRESS_BURST, domain)
+    assert b.left.clean, b.left
+    assert b.verdicts["cancelled"] == STRESS_BURST, b.verdicts
+    assert b.verdicts["output complete"] == STRESS_BURST, b.verdicts
+    assert b.verdicts["forced"] == STRESS_BURST // 5, b.verdicts
+    assert not b.verdicts["not proven empty"], b.verdicts
+    assert not b.verdicts["escaped"], b.verdicts
+    assert b.max_receipt_teardown <= b.bound + TEARDOWN_ALLOWANCE
+    assert b.teardown_wall <= b.bound + TEARDOWN_ALLOWANCE + SCHEDULING_ALLOWANCE
+    s = stress.soak(STRESS_SOAK, domain)
+    assert s.left.clean, s.left
+    assert s.commands >= 20, s
+    assert "OUTPUT LOST" not in s.causes, s.causes
+    assert s.causes.get("not forced", 0) == 0, s.causes
+
+
+# ---------------------------------------------------------------------------
 # Regressions: bugs the chaos suite found, pinned by minimal reproducers.
 # ---------------------------------------------------------------------------
 SLEEPER = py("import os, time\nos.write(1, b'early\\n')\ntime.sleep(30)\n")
@@ -930,6 +990,45 @@ def test_keyboard_interrupt_landing_in_the_drain_keeps_reading_until_eof(domain:
         assert run.stdout == b"early\nlate\n", f"'complete' claimed for {run.stdout!r}"
     else:
         assert r.output == "abandoned"
+
+
+# Forks a child that calls setsid() when it gets SIGTERM, then exits: the
+# child leaves the process group during the grace period.
+ESCAPES_DURING_GRACE = py(
+    "import os, signal, time\n"
+    "def on_term(signum, frame):\n"
+    "    if os.fork() == 0:\n"
+    "        os.setsid()\n"
+    "        os.write(1, b'pid %d\\n' % os.getpid())\n"
+    "        time.sleep(30)\n"
+    "    os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "os.write(1, b'ready\\n')\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: under escapees='terminate' a process that leaves the group during the grace period "
+    "is never signalled when the group then empties within grace; it is only reported as escaped",
+)
+async def test_process_escaping_during_grace_is_terminated_under_terminate_policy() -> None:
+    """A member that setsid()s on SIGTERM: the census must still take it through TERM/KILL."""
+    result = await trio_procown.run_owned(
+        ESCAPES_DURING_GRACE, timeout=0.3, grace=0.5, kill_wait=0.5, drain_wait=0.2, domain="process-group"
+    )
+    r = result.receipt
+    escapees = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith(b"pid ")]
+    try:
+        assert len(escapees) == 1
+        assert r.escaped == (), r.claims()
+        assert not alive(escapees[0])
+        assert r.output == "complete"
+    finally:
+        for pid in escapees:
+            if alive(pid) and f"{MARKER_VAR}={MARKER}".encode() in _environ(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.xfail(

@@ -49,6 +49,10 @@ IS_LINUX = sys.platform.startswith("linux")
 # (see the comment above).
 FULL_SCAN_AFTER = 0.25
 
+# How many times an environment read is retried while the process is seen
+# inside execve() (each retry yields the CPU once).
+EXEC_RETRIES = 200
+
 # A range of at most this many pids is probed pid by pid, which is cheaper
 # than listing /proc.
 DIRECT_PROBE_MAX = 32
@@ -135,13 +139,10 @@ def read_stat(pid: int) -> ProcInfo | None:
 
 
 def environ_has(pid: int, needle: bytes) -> bool:
-    """True if the environment of `pid` contains the exact entry `needle`."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
-        return False
-    return needle in env.split(b"\0")
+    """True if the environment of `pid` contains the exact entry `needle`
+    (KEY=VALUE)."""
+    key = needle.partition(b"=")[0] + b"="
+    return environ_entry(pid, key) == needle
 
 
 def cmdline(pid: int) -> str:
@@ -225,6 +226,53 @@ class ProcessTable:
         return found
 
 
+def read_environ(pid: int) -> bytes | None:
+    """The environment block of `pid`; None when it cannot be read."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if len(chunk) < 65536:
+                break
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def exec_in_progress(pid: int) -> bool:
+    """After an empty read of its environment: may `pid` still have one?
+
+    True while it is in the middle of execve() (env_start, field 50 of
+    /proc/PID/stat, still 0) and when env_start..env_end is not empty (the
+    environment arrived since our read). False for zombies and kernel
+    threads (no memory at all), for a process whose environment really is
+    empty (env_start == env_end), and for one that is gone.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b") ")[2].split()
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
+            return False
+        if len(fields) < 49:  # kernels before 3.5 do not show the addresses
+            return True
+        env_start, env_end = int(fields[47]), int(fields[48])
+        return env_start == 0 or env_end > env_start
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def environ_entry(pid: int, key: bytes) -> bytes | None:
     """The whole KEY=VALUE entry of `pid`'s environment for `key` (which
     ends with "="), or None."""
@@ -235,10 +283,15 @@ def environ_entry(pid: int, key: bytes) -> bytes | None:
         except (psutil.Error, OSError):
             return None
         return None if value is None else key + value.encode()
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
+    env = read_environ(pid)
+    # A process caught inside execve() shows an empty environment until the
+    # new image's is in place: look again, a bounded number of times.
+    for _ in range(EXEC_RETRIES):
+        if env or not exec_in_progress(pid):
+            break
+        os.sched_yield()
+        env = read_environ(pid)
+    if not env:
         return None
     if env.startswith(key):
         start = 0

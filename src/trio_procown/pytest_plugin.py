@@ -77,9 +77,10 @@
 # the session window (workers inherit its cookie and are born in its cgroup),
 # the workers watch their tests.
 #
-# Cost (benchmarks/plugin_overhead.py, 2-core VM, ~150 processes): about
-# 0.2 ms per test with the cookie alone, 0.3 ms with the cgroup as well,
-# against a target of 5 ms.
+# Cost (benchmarks/plugin_overhead.py, 2-core VM, ~100 processes): 0.1 to
+# 0.3 ms per test with the cookie alone, 0.5 to 0.8 ms with the cgroup as
+# well (a cgroup created, entered, left and removed per test), against a
+# target of 5 ms.
 #
 # Fixtures. `procown_no_leaks` watches a block the same way (sync or async
 # `with`). `procown_command` runs owned commands of this library from trio
@@ -220,22 +221,8 @@ class _Stat:
 def _read_stat(pid: int) -> _Stat | None:
     """Parent, state and start time of `pid`; None if it is gone."""
     if _IS_LINUX:
-        try:
-            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            raw = os.read(fd, 2048)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        # The command name is in parentheses and may itself contain ") ".
-        fields = raw.rpartition(b") ")[2].split()
-        try:
-            return _Stat(int(fields[1]), fields[0] in (b"Z", b"X"), int(fields[19]))
-        except (IndexError, ValueError):
-            return None
+        info = _procfs.read_stat(pid)
+        return None if info is None else _Stat(info.ppid, info.zombie, info.start)
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -258,25 +245,8 @@ def _age(stat: _Stat) -> float | None:
     return max(0.0, time.time() - stat.start / 1_000_000)
 
 
-def _read_environ(pid: int) -> bytes:
-    try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if len(chunk) < 65536:
-                break
-        return b"".join(chunks)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
+_read_environ = _procfs.read_environ
+_exec_in_progress = _procfs.exec_in_progress
 
 
 def _chain_phase(chain: str, token: str) -> str | None:
@@ -292,7 +262,7 @@ def _environ_phase(pid: int, token: str) -> str | None:
     """The phase `token` has in the cookie of `pid`'s environment, or None."""
     if _IS_LINUX:
         data = _read_environ(pid)
-        if token.encode() not in data:
+        if data is None or token.encode() not in data:
             return None
         for entry in data.split(b"\0"):
             if entry.startswith(_COOKIE_PREFIX):
@@ -391,6 +361,16 @@ def _is_thread_group_leader(pid: int) -> bool:
     return False
 
 
+# A process caught in the middle of execve() shows an empty environment: its
+# new memory exists before the kernel has copied the environment into it, and
+# the spawner may already have returned (posix_spawn and subprocess both
+# resume at that point): three reads in four right after a posix_spawn.
+# So an empty environment of a process in that state is read again a few
+# times, a few milliseconds apart, before it counts as empty.
+EMPTY_ENV_RETRIES = 5
+EMPTY_ENV_DELAY = 0.002
+
+
 def _cookie_scan(token: str, since: _PidMark | None = None) -> dict[int, str]:
     """Every process whose environment carries `token`: pid -> phase.
 
@@ -402,19 +382,30 @@ def _cookie_scan(token: str, since: _PidMark | None = None) -> dict[int, str]:
     if _IS_LINUX:
         needle = token.encode()
         pids, may_be_threads = _candidate_pids(since)
-        for pid in pids:
-            if pid == me:
-                continue
-            data = _read_environ(pid)
-            if needle not in data:
-                continue
-            phase = None
-            for entry in data.split(b"\0"):
-                if entry.startswith(_COOKIE_PREFIX):
-                    phase = _chain_phase(entry[len(_COOKIE_PREFIX) :].decode(errors="replace"), token)
+        pending = [pid for pid in pids if pid != me]
+        for attempt in range(EMPTY_ENV_RETRIES + 1):
+            if attempt:
+                pending = [pid for pid in pending if _exec_in_progress(pid)]
+                if not pending:
                     break
-            if phase is not None and (not may_be_threads or _is_thread_group_leader(pid)):
-                found[pid] = phase
+                time.sleep(EMPTY_ENV_DELAY)
+            empty = []
+            for pid in pending:
+                data = _read_environ(pid)
+                if not data:
+                    if data is not None:
+                        empty.append(pid)
+                    continue
+                if needle not in data:
+                    continue
+                phase = None
+                for entry in data.split(b"\0"):
+                    if entry.startswith(_COOKIE_PREFIX):
+                        phase = _chain_phase(entry[len(_COOKIE_PREFIX) :].decode(errors="replace"), token)
+                        break
+                if phase is not None and (not may_be_threads or _is_thread_group_leader(pid)):
+                    found[pid] = phase
+            pending = empty
         return found
     for pid in psutil.pids():
         if pid != me:
@@ -973,12 +964,6 @@ class Watch:
         finally:
             for handle in handles.values():
                 handle.close()
-        if self._cg is not None and self.cgroup is not None and self._cg.populated(self.cgroup):
-            # Forked while we were signalling: the cgroup holds only our tree.
-            self._cg.kill(self.cgroup)
-            deadline = time.monotonic() + KILL_WAIT
-            while self._cg.populated(self.cgroup) and time.monotonic() < deadline:
-                time.sleep(0.005)
         return [replace(leak, fate=fates.get(leak.pid, "")) for leak in leaks]
 
     def sweep(self, keep: bool, exclude: Callable[[int, int], bool] | None = None) -> list[LeakedProcess]:
@@ -989,12 +974,18 @@ class Watch:
             return [replace(leak, fate="left running (keep)") for leak in leaks]
         done = self.terminate(leaks)
         seen = {leak.pid for leak in done}
-        for _ in range(2):
+        for _ in range(2):  # what they started while we were signalling them
             more = [leak for leak in self.find(exclude) if leak.pid not in seen]
             if not more:
                 break
             done.extend(self.terminate(more))
             seen.update(leak.pid for leak in more)
+        if self._cg is not None and self.cgroup is not None and self._cg.populated(self.cgroup):
+            # Still forking: the cgroup holds only our tree, kill it at once.
+            self._cg.kill(self.cgroup)
+            deadline = time.monotonic() + KILL_WAIT
+            while self._cg.populated(self.cgroup) and time.monotonic() < deadline:
+                time.sleep(0.005)
         return done
 
     def release(self) -> bool:
@@ -1027,6 +1018,11 @@ def _tracker_outside_pytest() -> Tracker:
 class NoLeaks:
     """Context manager (sync or async): raise ProcessLeakError if the block
     leaves a process running; the leaks are terminated first unless `keep`.
+
+    It tracks like a test's window: where cgroups are writable the process
+    itself sits in a child cgroup for the duration of the block. Everything
+    the process starts meanwhile counts, from any thread or task. If the
+    block raises, its exception propagates with the report as a note.
 
     Synopsis::
 
