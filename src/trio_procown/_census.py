@@ -97,6 +97,10 @@ class Census:
             self.found[info.pid] = ProcessRecord(info.pid, old.cmdline if old else "", fate)
         return reached
 
+    def unsignalled(self, escapees: list[ProcInfo]) -> list[ProcInfo]:
+        """The escapees that have not been signalled yet."""
+        return [e for e in escapees if e.pid not in self._signalled]
+
     async def wait_gone(self, escapees: list[ProcInfo]) -> None:
         await wait_for_processes(escapees, self.still_marked)
 

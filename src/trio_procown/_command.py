@@ -430,7 +430,9 @@ class OwnedCommand:
                 if escapees and census.policy == "terminate":
                     n = census.signal(escapees, (signal.SIGTERM, signal.SIGCONT))
                     self._step(Action.SIGNAL, "escapees", f"SIGTERM+SIGCONT to {n} census escapee(s)")
-                emptied = await self._wait_empty(escapees, machine.budget(), "grace", table.rows)
+                emptied = await self._wait_empty(
+                    escapees, machine.budget(), "grace", (signal.SIGTERM, signal.SIGCONT), table.rows
+                )
                 action = machine.handle(emptied)
             elif action is Do.SIGNAL_FORCE:
                 detail = self._domain.force()
@@ -440,7 +442,8 @@ class OwnedCommand:
                     if escapees:
                         n = census.signal(escapees, (signal.SIGKILL,))
                         self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
-                action = machine.handle(await self._wait_empty(escapees, machine.budget(), "kill_wait"))
+                emptied = await self._wait_empty(escapees, machine.budget(), "kill_wait", (signal.SIGKILL,))
+                action = machine.handle(emptied)
             elif action is Do.WAIT_DRAIN:
                 budget = machine.budget()
                 with trio.move_on_after(budget) as scope:
@@ -467,15 +470,34 @@ class OwnedCommand:
                 raise AssertionError(msg)
 
     async def _wait_empty(
-        self, escapees: list[ProcInfo], budget: float, name: str, hint: list[ProcInfo] | None = None
+        self,
+        escapees: list[ProcInfo],
+        budget: float,
+        name: str,
+        sigs: tuple[int, ...],
+        hint: list[ProcInfo] | None = None,
     ) -> Event:
+        """Wait up to `budget` for the domain to empty and, under the
+        terminate policy, for the escapees too: a member that leaves the
+        domain while we wait is found by a census taken once the domain is
+        empty, gets this stage's signals `sigs`, and is waited for as well."""
         census = self._census
         owned = escapees if census.policy == "terminate" else []
         with trio.move_on_after(budget) as scope:
             await self._domain.wait_empty(hint)
-            while owned:
-                await census.wait_gone(owned)
+            while True:
+                if owned:
+                    await census.wait_gone(owned)
+                if census.policy != "terminate":
+                    break
                 owned = census.scan(self._domain, await self._table())
+                if not owned:
+                    break
+                fresh = census.unsignalled(owned)
+                if fresh:
+                    n = census.signal(fresh, sigs)
+                    names = "+".join(signal.Signals(s).name for s in sigs)
+                    self._step(Action.SIGNAL, "escapees", f"{names} to {n} census escapee(s)")
         outcome = "expired" if scope.cancelled_caught else "empty"
         self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
@@ -560,6 +582,12 @@ _TOKEN = object()
 
 
 def _cause_of(exc: BaseException) -> Cause:
+    """The cause for the way the block was left. An exception group (a
+    nursery in the body) counts as a cancel when it holds only Cancelled and
+    KeyboardInterrupt, as an outer cancel or ^C seen through that nursery."""
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split((trio.Cancelled, KeyboardInterrupt))
+        return "cancelled" if rest is None else "error"
     if isinstance(exc, (trio.Cancelled, KeyboardInterrupt)):
         return "cancelled"
     return "error"

@@ -34,6 +34,11 @@ from ._leader import Leader
 from ._procfs import ProcInfo
 
 
+# While waiting for a member to exit, how often to check that it is still a
+# member.
+RECHECK_INTERVAL = 0.05
+
+
 class DomainUnavailable(RuntimeError):
     """The requested ownership domain cannot be used on this machine; the
     message says why.
@@ -223,7 +228,11 @@ async def wait_for_processes(procs: Sequence[ProcInfo], verify: Callable[[ProcIn
         try:
             # Most members are gone by the time we look: poll before paying
             # for a wait (a scheduling round trip each).
-            if not _pidfd.exited(fd) and verify(info):
-                await _pidfd.wait_exited(fd)
+            # Re-check membership now and then: a member that leaves the
+            # domain while we wait (setsid in its SIGTERM handler, say) is
+            # no longer the domain's to wait for; the census takes it over.
+            while not _pidfd.exited(fd) and verify(info):
+                with trio.move_on_after(RECHECK_INTERVAL):
+                    await _pidfd.wait_exited(fd)
         finally:
             _pidfd.close(fd)

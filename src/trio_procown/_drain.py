@@ -153,6 +153,7 @@ class Drain:
             self._changed.set()
             self._changed = None
 
+    @trio.lowlevel.enable_ki_protection  # a ^C goes to the main task, never kills the drain
     async def run(self) -> None:
         """Read until EOF or until abandoned. Runs as a nursery task.
 

@@ -351,6 +351,7 @@ class ServiceOwner:
         return svc
 
     # -- supervisors --------------------------------------------------------
+    @trio.lowlevel.enable_ki_protection
     async def _supervise_adopted(self, svc: Service, run: OwnedCommand) -> None:
         try:
             async with trio.open_nursery() as nursery:
@@ -371,6 +372,7 @@ class ServiceOwner:
             svc.state.value = "stopped" if svc._stop_requested else "exited"
             svc._finished.set()
 
+    @trio.lowlevel.enable_ki_protection
     async def _supervise_started(
         self,
         svc: Service,

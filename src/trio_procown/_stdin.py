@@ -54,6 +54,7 @@ class Feeder:
             view = view[n:]
         return True
 
+    @trio.lowlevel.enable_ki_protection  # a ^C goes to the main task
     async def run(self) -> None:
         try:
             with self.scope:
