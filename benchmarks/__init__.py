@@ -1,10 +1,16 @@
 # Benchmarks of trio_procown against its peers and against the kernel floor.
 #
-# Run with `python -m benchmarks` (full, a few minutes) or
-# `python -m benchmarks --quick` (smoke run for CI, well under a minute).
+# Run with `python -m benchmarks` or `make bench` (full, about 7 minutes on
+# a 2-core VM) or `python -m benchmarks --quick` (smoke run, under a minute).
+# The peers (subprocess.run, the communicate recipe, trio.run_process,
+# anyio.run_process, the asyncio recipe, an ADK-style teardown written from
+# its published description) run in the same run, on the same scenarios.
 # Every scenario interleaves the variants it compares round-robin in the same
 # run, because the machine is noisy: the numbers to read are the ratios
 # between variants measured side by side, not absolute times across runs.
-# Results go to benchmarks/results/latest.md and latest.json. Nothing here
-# asserts on timing: targets are printed next to the measurements.
+# Results go to benchmarks/results/latest.md and latest.json, with PNG plots
+# next to them (matplotlib, optional: the `bench` extra); a --quick run
+# writes to benchmarks/results/quick/ instead, so it never overwrites the
+# committed full results. Nothing here asserts on timing: targets are
+# printed next to the measurements.
 """Benchmark harness for trio_procown (run ``python -m benchmarks``)."""

@@ -7,7 +7,10 @@
 # scans /proc for live processes carrying the marker, reports them as
 # survivors, and SIGKILLs exactly those (by verified pidfd, never by name).
 # At the end it also lists (and removes, if empty) any child cgroup that
-# trio_procown created for this process and did not remove.
+# trio_procown created for this process and did not remove. Scenario 6
+# (peers) runs each peer in a runner process of its own, with its own
+# marker and a hard cap (see peers.py). The report (markdown + JSON + PNG
+# plots) goes to results/, or results/quick/ with --quick.
 # Exit status: 0, or 1 if a scenario raised, or 2 with --fail-on-survivors
 # when a survivor was found. Timing never affects the exit status.
 

@@ -292,6 +292,15 @@ def _git_commit() -> str:
     return commit + (" (+uncommitted changes)" if dirty.stdout.strip() else "")
 
 
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return "not installed"
+
+
 def environment(cfg: Config) -> dict[str, Any]:
     """When and where the numbers were measured."""
     now = datetime.datetime.now(datetime.UTC)
@@ -310,6 +319,8 @@ def environment(cfg: Config) -> dict[str, Any]:
         "executable": sys.executable,
         "trio": trio.__version__,
         "trio_procown": getattr(trio_procown, "__version__", "unknown"),
+        "anyio": _version("anyio"),
+        "matplotlib": _version("matplotlib"),
         "commit": _git_commit(),
         "cpu_count": os.cpu_count() or 0,
         "cpus_usable": affinity,

@@ -1,7 +1,9 @@
 # Peak-memory probe for the drain benchmark, run in a fresh interpreter:
 #   python -m benchmarks._memprobe VARIANT SIZE
 # VARIANT is run_owned (max_output = 1 MiB), plain (blocking os.read loop,
-# 1 MiB reads) or trio (trio.run_process(capture_stdout=True)).
+# 1 MiB reads), trio (trio.run_process(capture_stdout=True)), or one of the
+# peers of benchmarks/_peers.py: subprocess.run, anyio, asyncio, adk (each
+# as its recipe is written, keeping all the output it captures).
 #
 # What it measures: how much the process's resident memory grows above its
 # own baseline while draining SIZE bytes from a command. Baseline: after the
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -28,6 +31,7 @@ import trio
 import trio_procown
 
 from ._harness import leftover_cgroups
+from ._peers import BY_KEY, call_async, call_blocking
 from .drain import writer_argv
 
 
@@ -72,7 +76,30 @@ async def _trio(size: int) -> int:
     return len(result.stdout)
 
 
+def _peer(key: str, size: int) -> int:
+    peer = BY_KEY[key]
+    argv = writer_argv(size)
+    out: bytes | None
+    if peer.kind == "trio":
+        call = call_async(peer)
+
+        async def main() -> bytes | None:
+            return await call(argv, 600.0)
+
+        out = trio.run(main)
+    else:
+        loop = asyncio.new_event_loop() if peer.kind == "asyncio" else None
+        try:
+            out = call_blocking(peer, loop)(argv, 600.0)
+        finally:
+            if loop is not None:
+                loop.close()
+    return 0 if out is None else len(out)
+
+
 def _once(variant: str, size: int) -> int:
+    if variant in BY_KEY:
+        return _peer(variant, size)
     if variant == "plain":
         return _plain(size)
     if variant == "run_owned":

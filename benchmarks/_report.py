@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,11 @@ def markdown(
         f"Measured {env['date_utc']} (UTC, {env['time_utc']}) on `{env['hostname']}`: "
         f"{env['kernel']} {env['machine']}, {env['python']}, trio {env['trio']}, "
         f"trio_procown {env['trio_procown']} (commit {env['commit']}), "
-        f"{env['cpu_count']} CPUs ({env['cpus_usable']} usable), load average at start {env['loadavg_at_start']}.",
+        f"{env['cpu_count']} CPUs ({env['cpus_usable']} usable), load average at start {env['loadavg_at_start']}; "
+        f"peers: anyio {env.get('anyio', '?')}; plots: matplotlib {env.get('matplotlib', '?')}.",
+        "",
+        "Regenerate every table and plot with `make bench` (installs the `bench` extra) or "
+        "`python -m benchmarks`; `python -m benchmarks --quick` is the smoke run (results in `results/quick/`).",
         "",
         f"Mode: **{env['mode']}** (`python -m benchmarks{' --quick' if env['mode'] == 'quick' else ''}`), "
         f"total {total:.1f} s. Variants are interleaved round-robin within each scenario; compare "
@@ -92,7 +97,147 @@ def markdown(
             lines.append(f"- Note: {note}")
         if s.notes:
             lines.append("")
+    lines += closing_note(sections)
     return "\n".join(lines)
+
+
+def _data(sections: list[Section], key: str) -> dict[str, Any]:
+    for s in sections:
+        if s.key == key and not s.error:
+            return s.data
+    return {}
+
+
+def _x(value: Any) -> str:
+    return "n/a" if not isinstance(value, (int, float)) or value != value else f"{value:.2f} x"
+
+
+def closing_note(sections: list[Section]) -> list[str]:
+    """The headline ratios and, per peer, the scenarios it does not handle,
+    quoted from this run's data (whatever sections ran)."""
+    lines = ["## Closing note", ""]
+    spawn = _data(sections, "spawn")
+    if spawn:
+        to_trio, to_floor = spawn.get("ratio_to_trio", {}), spawn.get("ratio_to_floor", {})
+        parts = [
+            f"`{name}` {_x(to_trio.get(name))} trio.run_process and {_x(to_floor.get(name))} the posix_spawn floor"
+            for name in to_trio
+            if name.startswith("run_owned")
+        ]
+        peers = [
+            f"{name.removeprefix('peer: ')} {_x(to_trio.get(name))} / {_x(to_floor.get(name))}"
+            for name in to_trio
+            if name.startswith("peer:")
+        ]
+        lines.append("- **Spawn-and-wait of `/bin/true`** (medians): " + "; ".join(parts) + ".")
+        if peers:
+            lines.append(f"  Peers, as ratios to trio.run_process / to the floor: {'; '.join(peers)}.")
+        gaps = spawn.get("gap_sweep_seconds", {})
+        idle = spawn.get("idle_gap", 0.05)
+        if gaps:
+            parts = []
+            for domain, per in gaps.items():
+                back, after = per.get("0.0", []), per.get(str(idle), [])
+                if back and after:
+                    parts.append(
+                        f"{domain} {statistics.median(back) * 1e6:,.0f} µs back to back, "
+                        f"{statistics.median(after) * 1e6:,.0f} µs after {idle * 1e3:g} ms idle"
+                    )
+            lines.append(f"  An occasional command (devnull): {'; '.join(parts)}.")
+    drain = _data(sections, "drain")
+    if drain:
+        owned_mem = [
+            m for m in drain.get("memory", []) if m.get("variant") == "run_owned" and "delta_kib" in m
+        ]
+        peer_mem = [
+            f"{m['variant']} {m['delta_kib'] / 1024:,.0f} MiB for {m['size'] / 1e6:,.0f} MB"
+            for m in drain.get("memory", [])
+            if m.get("variant") not in ("run_owned", "plain") and "delta_kib" in m
+        ]
+        owned_text = ", ".join(
+            f"{m['delta_kib'] / 1024:.1f} MiB for {m['size'] / 1e6:,.0f} MB" for m in owned_mem
+        )
+        lines.append(
+            f"- **Drain**: run_owned {_x(drain.get('ratio_owned_vs_trio_same_size'))} trio's capture throughput "
+            f"(same size) and {_x(drain.get('ratio_owned_vs_plain'))} a plain blocking read loop; "
+            f"peak memory above baseline: run_owned {owned_text}"
+            + (f"; peers keep everything: {'; '.join(peer_mem)}." if peer_mem else ".")
+        )
+    scaling = _data(sections, "scaling")
+    if scaling:
+        lines.append(
+            "- **Scaling** (largest points; time to return past the deadline or cancel, processes left):"
+        )
+        for ours_key, peers_key, unit in (
+            ("tree", "peers_tree", "descendants"),
+            ("concurrent", "peers_concurrent", "commands"),
+        ):
+            ours = scaling.get(ours_key, {})
+            theirs = scaling.get(peers_key, {})
+            if not ours:
+                continue
+            top = max(int(k.split()[0]) for k in ours)
+            parts = []
+            for k, v in ours.items():
+                if int(k.split()[0]) == top:
+                    parts.append(
+                        f"trio_procown {k.split(' ', 1)[1]} {v['wall_seconds']['median'] * 1e3:,.0f} ms, "
+                        f"{max(v['survivors'], default=0)} left"
+                    )
+            for k, v in theirs.items():
+                if int(k.split()[0]) == top:
+                    label = scaling.get("peer_labels", {}).get(k.split(" ", 1)[1], k)
+                    med = v["past_deadline_seconds"]["median"]
+                    med_s = "n/a" if med is None or med != med else f"{med * 1e3:,.0f} ms"
+                    parts.append(f"{label} {med_s}, {max(v['left'], default=0)} left")
+            lines.append(f"  - {top} {unit}: " + "; ".join(parts) + ".")
+    correctness = _data(sections, "peers")
+    if correctness:
+        lines += _correctness_lines(correctness)
+    if len(lines) == 2:
+        return []
+    return [*lines, ""]
+
+
+def _correctness_lines(data: dict[str, Any]) -> list[str]:
+    """Per peer: the scenarios where it never returned, lost the early
+    output, left processes, or returned late (> T + 1 s)."""
+    deadline, cap = data["deadline"], data["cap"]
+    titles = {k: v["title"] for k, v in data.get("scenarios", {}).items()}
+    lines = [
+        f"- **Correctness under a {deadline:g} s deadline** ({len(titles)} scenarios: "
+        + ", ".join(titles.values())
+        + "). What each peer got wrong:"
+    ]
+    for key, label in data.get("peers", {}).items():
+        cells = [c for c in data.get("cells", []) if c["peer"] == key]
+        never = [titles[c["scenario"]] for c in cells if c["never_returned"]]
+        lost = [titles[c["scenario"]] for c in cells if not c["never_returned"] and not all(c["early_kept"])]
+        left = [
+            f"{titles[c['scenario']]} ({max(c['left'])} left)" for c in cells if max(c["left"], default=0) > 0
+        ]
+        late = [
+            f"{titles[c['scenario']]} ({c['median_seconds']:.1f} s)"
+            for c in cells
+            if not c["never_returned"]
+            and c["median_seconds"] is not None
+            and c["median_seconds"] > deadline + 1
+        ]
+        parts = []
+        if never:
+            parts.append(f"never returned (> {cap:g} s) in {', '.join(never)}")
+        if lost:
+            parts.append(f"lost the early output in {', '.join(lost)}")
+        if left:
+            parts.append(f"left processes running in {', '.join(left)}")
+        if late:
+            parts.append(f"returned late in {', '.join(late)}")
+        lines.append(f"  - {label}: " + ("; ".join(parts) if parts else "nothing") + ".")
+    lines.append(
+        "  - A late trio_procown row is its documented grace (default 2 s) between SIGTERM and SIGKILL; "
+        "the ADK-style teardown waits 5 s there, and 5 s more after SIGKILL before giving up on the output."
+    )
+    return lines
 
 
 def _clean(obj: Any) -> Any:

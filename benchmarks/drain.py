@@ -5,7 +5,7 @@
 # 1 MiB os.write calls (same writer for every variant, so its own cost and
 # start-up are common to all). Variants, interleaved per round:
 #   - trio.run_process(capture_stdout=True): keeps everything in memory, so
-#     it runs at a smaller size (256 MB full, 200 MB quick);
+#     it runs at a smaller size (256 MB full, 100 MB quick);
 #   - run_owned(max_output=1 MiB) at that same size (same-size comparison);
 #   - a plain blocking os.read loop (1 MiB reads) on a subprocess.Popen pipe,
 #     at the large size (1 GB full, 200 MB quick), as is (64 KiB pipe: the
@@ -19,6 +19,13 @@
 # baseline, in a fresh interpreter (benchmarks/_memprobe.py), with the plain
 # loop and trio's capture as references.
 #
+# The peers (benchmarks/_peers.py), as their recipes are written, run at
+# the small size in the same rounds: subprocess.run(capture_output=True)
+# (the communicate recipe reads the same way), anyio.run_process, the
+# asyncio recipe and the ADK-style teardown (both on one asyncio loop). Each
+# also gets a fresh-interpreter memory probe at the small size, next to
+# run_owned at the same size.
+#
 # Why: an owned command has one drain per stream for its whole life; it must
 # not be the bottleneck of a chatty command nor grow with its output.
 # Targets (printed): run_owned >= 3 x trio's capture, >= 0.7 x the plain
@@ -26,18 +33,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 import trio_procown
 
+from . import _plots
 from ._harness import Config, Measure, Section, Stats, Table, interleaved, ratio, timed_async, timed_sync
+from ._peers import BY_KEY, Peer, call_async, call_blocking, missing_module
 
 MiB = 1 << 20
 WRITER = r"""
@@ -86,6 +98,33 @@ async def _owned(size: int, problems: list[str]) -> None:
         problems.append(f"run_owned: cause={r.cause} output={r.output} stdout={out}")
 
 
+FAR = 600.0  # the peers' deadline: never reached
+PEER_VARIANTS = {
+    "peer: subprocess.run capture_output": "subprocess.run",
+    "peer: anyio.run_process": "anyio",
+    "peer: asyncio communicate()": "asyncio",
+    "peer: ADK-style (re-implemented)": "adk",
+}
+
+
+def _peer_measure(peer: Peer, size: int, loop: asyncio.AbstractEventLoop, problems: list[str]) -> Measure:
+    argv = writer_argv(size)
+
+    def check(out: bytes | None) -> None:
+        if out is None or len(out) != size:
+            problems.append(f"{peer.key} returned {None if out is None else len(out)} of {size} bytes")
+
+    if peer.kind == "trio":
+        call = call_async(peer)
+
+        async def run_async() -> None:
+            check(await call(argv, FAR))
+
+        return timed_async(run_async)
+    blocking = call_blocking(peer, loop)
+    return timed_sync(lambda: check(blocking(argv, FAR)))
+
+
 def _probe(variant: str, size: int) -> dict[str, object]:
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
@@ -108,9 +147,9 @@ async def run(cfg: Config) -> Section:
         "4. Drain throughput and memory",
         "A Python writer emits zeros in 1 MiB writes; GB/s = bytes / (call → return). 1 GB = 10^9 bytes.",
     )
-    small = cfg.pick(200_000_000, 256_000_000)
+    small = cfg.pick(100_000_000, 256_000_000)
     big = cfg.pick(200_000_000, 1_000_000_000)
-    rounds = cfg.pick(5, 7)
+    rounds = cfg.pick(3, 7)
     problems: list[str] = []
 
     trio_name = "trio.run_process capture_stdout"
@@ -129,8 +168,22 @@ async def run(cfg: Config) -> Section:
     variants[plain_big_pipe] = timed_sync(lambda: _plain_loop(big, problems, enlarge=True))
     variants[owned_big] = timed_async(lambda: _owned(big, problems))
     variants[ceiling_name] = timed_sync(lambda: _ceiling(big))
+    loop = asyncio.new_event_loop()
+    peer_probes: list[str] = []
+    for name, key in PEER_VARIANTS.items():
+        peer = BY_KEY[key]
+        why = missing_module(peer)
+        if why:
+            section.notes.append(f"{name} skipped: {why} is not installed ({_plots.INSTALL_HINT})")
+            continue
+        sizes[name] = small
+        variants[name] = _peer_measure(peer, small, loop, problems)
+        peer_probes.append(key)
 
-    samples = await interleaved(variants, rounds, warmup=1)
+    try:
+        samples = await interleaved(variants, rounds, warmup=1)
+    finally:
+        loop.close()
     gbps = {name: Stats.of([sizes[name] / t / 1e9 for t in s]) for name, s in samples.items()}
 
     owned_same = owned_small if big != small else owned_big
@@ -179,6 +232,8 @@ async def run(cfg: Config) -> Section:
     section.tables.append(targets)
 
     probes = [_probe("run_owned", big), _probe("plain", big), _probe("trio", small)]
+    probes += [_probe("run_owned", small)] if small != big else []
+    probes += [_probe(key, small) for key in peer_probes]
     mem = Table(
         [
             "variant",
@@ -199,7 +254,7 @@ async def run(cfg: Config) -> Section:
         target = ""
         if p.get("leftover_cgroups"):
             problems.append(f"memprobe {p['variant']}: cgroups left behind: {p['leftover_cgroups']}")
-        if p["variant"] == "run_owned":
+        if p["variant"] == "run_owned" and p.get("size") == big:
             if p.get("bytes_seen") != big:
                 problems.append(f"memprobe run_owned saw {p.get('bytes_seen')} of {big}")
             target = (
@@ -216,6 +271,14 @@ async def run(cfg: Config) -> Section:
             ]
         )
     section.tables.append(mem)
+    ours = ("run_owned",)
+    _plots.save(
+        section,
+        cfg,
+        "drain_cost.png",
+        "Drain throughput and peak memory per variant",
+        _drain_plot(gbps, sizes, trio_name, probes, ours),
+    )
     if problems:
         section.notes.append(f"{len(problems)} unexpected outcome(s); first: {problems[0]}")
     section.data = {
@@ -231,3 +294,60 @@ async def run(cfg: Config) -> Section:
         "problems": problems,
     }
     return section
+
+
+def _drain_plot(
+    gbps: dict[str, Stats],
+    sizes: dict[str, int],
+    trio_name: str,
+    probes: list[dict[str, object]],
+    ours: tuple[str, ...],
+) -> Callable[[Any], None]:
+    """Two panels: GB/s per variant (ceiling left out: it dwarfs the rest),
+    and peak memory above baseline per probe."""
+
+    def draw(plt: Any) -> None:
+        rows = [(n, st) for n, st in gbps.items() if "ceiling" not in n]
+        rows.sort(key=lambda r: r[1].median)
+        mem = [p for p in probes if "error" not in p]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.42 * max(len(rows), len(mem)) + 1.6))
+        y = list(range(len(rows)))
+        left.barh(
+            y,
+            [st.median for _, st in rows],
+            color=[_plots.OURS_COLOR if n.startswith(ours) else _plots.PEER_COLOR for n, _ in rows],
+        )
+        left.set_yticks(y, [f"{n} ({sizes[n] / 1e6:,.0f} MB)" for n, _ in rows], fontsize=7)
+        for yi, (_n, st) in zip(y, rows, strict=True):
+            left.text(
+                st.median,
+                yi,
+                f" {st.median:.2f} ({st.median / gbps[trio_name].median:.1f} x trio)",
+                va="center",
+                fontsize=7,
+            )
+        left.set_xlim(0, max(st.median for _, st in rows) * 1.45)
+        left.set_xlabel("GB/s (median, bytes / wall time from call to return)")
+        left.set_title("Drain throughput", fontsize=10)
+        left.grid(axis="x", alpha=0.3)
+        mem.sort(key=lambda p: float(str(p["delta_kib"])))
+        ym = list(range(len(mem)))
+        values = [max(float(str(p["delta_kib"])) / 1024, 0.1) for p in mem]
+        right.barh(
+            ym,
+            values,
+            color=[_plots.OURS_COLOR if p["variant"] == "run_owned" else _plots.PEER_COLOR for p in mem],
+        )
+        right.set_yticks(
+            ym, [f"{p['variant']} ({int(str(p['size'])) / 1e6:,.0f} MB)" for p in mem], fontsize=7
+        )
+        for yi, v in zip(ym, values, strict=True):
+            right.text(v, yi, f" {v:,.1f} MiB", va="center", fontsize=7)
+        right.set_xscale("log")
+        right.set_xlim(0.1, max(values) * 6)
+        right.set_xlabel("peak RSS above baseline, MiB (log; fresh interpreter per bar)")
+        right.set_title("Peak memory while draining", fontsize=10)
+        right.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+
+    return draw

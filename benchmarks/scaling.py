@@ -15,17 +15,36 @@
 # (survivors; must be 0) and summarise the receipts (forced, not proved
 # empty). --quick runs two points of each.
 #
+# The peers (benchmarks/_peers.py) run the same trees and the same K
+# commands, each under its own deadline (they have no "ready" hook to cancel
+# at): a tree of N gets T = 0.5 s (a 200-process tree is ready in ~0.15 s);
+# K commands share one absolute deadline far enough out for all K to have
+# started (0.5 s + 4 ms per command), each peer call getting the time left
+# until it. We time from that deadline to the last return and count the
+# processes left (then kill them by the marker before the next point).
+# Blocking peers run K calls in K threads; asyncio ones as K tasks of one
+# loop; trio ones as K tasks of one nursery. The communicate and asyncio
+# recipes are left out: they never return while a descendant holds the
+# pipes, which every member of these trees does (section 6 shows it).
+# --quick runs one point of each axis for the peers.
+#
 # Why: the per-command teardown scans the process table; with many
 # processes alive at once, a cost that is linear per command becomes
 # quadratic in total. This shows whether teardown stays bounded.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import trio
 
 import trio_procown
 
-from ._harness import Config, DomainName, Section, Stats, Table, count_marked, ms, usable_domains
+from . import _plots
+from ._harness import Config, DomainName, Section, Stats, Table, count_marked, kill_marked, ms, usable_domains
+from ._peers import BY_KEY, Command, Peer, call_async, call_blocking, missing_module
 from ._trees import phases, tree_argv
 
 READY_LIMIT = 60.0
@@ -131,6 +150,121 @@ async def _many_once(cfg: Config, k: int, domain: DomainName, point: _Point) -> 
         point.record(run.receipt)
 
 
+PEER_KEYS = ("subprocess.run", "trio", "anyio", "adk")
+PEER_TREE_DEADLINE = 0.5
+
+
+class _PeerPoint:
+    def __init__(self) -> None:
+        self.late: list[float] = []  # seconds from the deadline to the last return
+        self.left: list[int] = []
+        self.errors: list[str] = []
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "past_deadline_seconds": Stats.of(self.late).to_dict(),
+            "samples_seconds": self.late,
+            "left": self.left,
+            "errors": self.errors[:3],
+        }
+
+
+async def _clean(cfg: Config) -> None:
+    """Kill what a peer left (by the benchmark marker) and wait until gone."""
+    for _ in range(100):
+        if not kill_marked(cfg.marker):
+            return
+        await trio.sleep(0.02)
+
+
+async def _peer_batch(
+    peer: Peer, commands: list[Command], deadline: float, loop: asyncio.AbstractEventLoop
+) -> float:
+    """Run every command through `peer`, all due at the absolute
+    time.perf_counter() `deadline`; return the time of the last return."""
+    if peer.kind == "trio":
+        call = call_async(peer)
+
+        async def one(command: Command) -> None:
+            await call(command, max(deadline - time.perf_counter(), 0.0))
+
+        async with trio.open_nursery() as nursery:
+            for command in commands:
+                nursery.start_soon(one, command)
+        return time.perf_counter()
+    if peer.kind == "asyncio":
+
+        async def gather() -> None:
+            coros = []
+            for command in commands:
+                coros.append(peer.call(command, max(deadline - time.perf_counter(), 0.0)))
+            await asyncio.gather(*coros)
+
+        loop.run_until_complete(gather())
+        return time.perf_counter()
+    blocking = call_blocking(peer, None)
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        futures = [
+            pool.submit(lambda c: blocking(c, max(deadline - time.perf_counter(), 0.0)), c) for c in commands
+        ]
+        for f in futures:
+            f.result()
+    return time.perf_counter()
+
+
+async def _peer_once(
+    cfg: Config,
+    peer: Peer,
+    commands: list[Command],
+    budget: float,
+    loop: asyncio.AbstractEventLoop,
+    point: _PeerPoint,
+) -> None:
+    deadline = time.perf_counter() + budget
+    try:
+        end = await _peer_batch(peer, commands, deadline, loop)
+        point.late.append(end - deadline)
+    except Exception as exc:
+        point.errors.append(f"{peer.key}: {exc!r}")
+    point.left.append(count_marked(cfg.marker))
+    await _clean(cfg)
+
+
+async def _peers(
+    cfg: Config, section: Section
+) -> tuple[dict[tuple[str, int], _PeerPoint], dict[tuple[str, int], _PeerPoint]]:
+    sizes = cfg.pick([50], [1, 10, 50, 200])
+    counts = cfg.pick([100], [10, 100, 500])
+    reps = cfg.pick(1, 2)
+    peers = []
+    for key in PEER_KEYS:
+        peer = BY_KEY[key]
+        why = missing_module(peer)
+        if why:
+            section.notes.append(
+                f"peer `{peer.label}` skipped: {why} is not installed ({_plots.INSTALL_HINT})"
+            )
+        else:
+            peers.append(peer)
+    trees = {(p.key, n): _PeerPoint() for p in peers for n in sizes}
+    many = {(p.key, k): _PeerPoint() for p in peers for k in counts}
+    loop = asyncio.new_event_loop()
+    try:
+        for r in range(reps):
+            order = peers if r % 2 == 0 else peers[::-1]
+            for n in sizes:
+                for p in order:
+                    await _peer_once(
+                        cfg, p, [tree_argv(n, fanout=8)], PEER_TREE_DEADLINE, loop, trees[(p.key, n)]
+                    )
+            for k in counts:
+                for p in order:
+                    await _peer_once(cfg, p, [GRANDCHILD_CMD] * k, 0.5 + 0.004 * k, loop, many[(p.key, k)])
+    finally:
+        loop.close()
+    return trees, many
+
+
 async def run(cfg: Config) -> Section:
     section = Section(
         "scaling",
@@ -199,6 +333,77 @@ async def run(cfg: Config) -> Section:
         f"Documented teardown bound (DESIGN.md §3, default budgets): {DOCUMENTED_BOUND:g} s plus scheduling noise.",
     )
     section.tables += [t_tree, t_many]
+
+    peer_trees, peer_many = await _peers(cfg, section)
+    peer_headers = ["peer", "past the deadline: median ms", "min ms", "max ms", "processes left (max)"]
+
+    def peer_row(label: str, key: str, p: _PeerPoint) -> list[str]:
+        st = Stats.of(p.late)
+        return [label, BY_KEY[key].label, ms(st.median), ms(st.min), ms(st.max), str(max(p.left, default=0))]
+
+    section.tables.append(
+        Table(
+            ["descendants", *peer_headers],
+            [peer_row(str(n), key, p) for (key, n), p in sorted(peer_trees.items(), key=lambda kv: kv[0][1])],
+            caption=f"Peers on the same trees, deadline {PEER_TREE_DEADLINE:g} s; time from the deadline to the "
+            "return; processes left right after the return (then killed).",
+        )
+    )
+    section.tables.append(
+        Table(
+            ["commands", *peer_headers],
+            [peer_row(str(k), key, p) for (key, k), p in sorted(peer_many.items(), key=lambda kv: kv[0][1])],
+            caption="Peers on K concurrent commands sharing one deadline (0.5 s + 4 ms per command after the "
+            "first call); time from the deadline to the last return. The communicate and asyncio recipes are "
+            "not run here: they never return while a descendant holds the pipes (section 6).",
+        )
+    )
+    for pp in list(peer_trees.values()) + list(peer_many.values()):
+        section.notes += pp.errors
+
+    def series(
+        ours: dict[tuple[int, DomainName], _Point], theirs: dict[tuple[str, int], _PeerPoint]
+    ) -> dict[str, list[tuple[float, float, float]]]:
+        out: dict[str, list[tuple[float, float, float]]] = {}
+        for (x, d), p in ours.items():
+            out.setdefault(f"trio_procown {d} (from the cancel)", []).append(
+                (float(x), Stats.of(p.walls).median * 1e3, float(max(p.survivors, default=0)))
+            )
+        for (key, x), pp in theirs.items():
+            out.setdefault(BY_KEY[key].label, []).append(
+                (float(x), Stats.of(pp.late).median * 1e3, float(max(pp.left, default=0)))
+            )
+        return out
+
+    def is_ours(label: str) -> bool:
+        return label.startswith("trio_procown")
+
+    _plots.save(
+        section,
+        cfg,
+        "teardown_vs_tree.png",
+        "Teardown time and processes left against tree size",
+        _plots.growth(
+            "One command whose leader has N descendants: time to return, processes left",
+            "descendants (log)",
+            series(trees, peer_trees),
+            ours=is_ours,
+            note="trio_procown: from an outer cancel once the tree is ready; peers: from their own 0.5 s deadline.",
+        ),
+    )
+    _plots.save(
+        section,
+        cfg,
+        "teardown_vs_concurrency.png",
+        "Teardown time and processes left against concurrent commands",
+        _plots.growth(
+            "K concurrent `sh -c 'sleep 600 & echo ready; wait'`: time until all returned, processes left",
+            "concurrent commands (log)",
+            series(many, peer_many),
+            ours=is_ours,
+            note="trio_procown: from one outer cancel of all K; peers: from one shared deadline.",
+        ),
+    )
     all_points = list(trees.values()) + list(many.values())
     total_survivors = sum(max(p.survivors, default=0) for p in all_points)
     section.target("survivors over all scaling points", float(total_survivors), 0.0, "processes")
@@ -210,5 +415,8 @@ async def run(cfg: Config) -> Section:
     section.data = {
         "tree": {f"{n} {d}": p.to_dict() for (n, d), p in trees.items()},
         "concurrent": {f"{k} {d}": p.to_dict() for (k, d), p in many.items()},
+        "peers_tree": {f"{n} {key}": p.to_dict() for (key, n), p in peer_trees.items()},
+        "peers_concurrent": {f"{k} {key}": p.to_dict() for (key, k), p in peer_many.items()},
+        "peer_labels": {key: BY_KEY[key].label for key in PEER_KEYS},
     }
     return section

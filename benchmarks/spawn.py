@@ -7,19 +7,39 @@
 # measured per ownership domain, with its default capture and with both
 # streams sent to /dev/null.
 #
+# The peers (benchmarks/_peers.py) are measured in the same rounds, each as
+# its recipe is written (capturing, with a deadline far away): the
+# subprocess.run/communicate recipes, anyio.run_process, the asyncio recipe
+# and the ADK-style teardown (the last two on one asyncio loop driven with
+# run_until_complete from the trio thread; ADK runs a shell, here it execs
+# /bin/true like every other variant, so the cost compared is the machinery).
+#
+# Then a second measurement, per domain: spawn-and-wait of /bin/true right
+# after the previous one of the same domain (back to back) and after an
+# idle gap (IDLE_GAP). Moving a process into a cgroup takes a kernel lock
+# whose write side waits for an RCU grace period unless another move
+# happened within roughly the last one (measured here: ~10 ms extra once
+# the gap exceeds ~10-20 ms). Back-to-back loops hide that cost, and so
+# does the interleaved table when one cgroup variant directly follows the
+# other; the idle row is what an occasional command pays.
+#
 # Why: ownership must be cheap enough to use for every command. Targets
 # (printed, not asserted): process-group <= 1.10 x trio.run_process,
 # cgroup <= 1.6 x trio.run_process.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
 import trio_procown
 
+from . import _plots
 from ._harness import (
     Config,
     DomainName,
@@ -34,11 +54,21 @@ from ._harness import (
     timed_sync,
     us,
 )
+from ._peers import BY_KEY, Command, call_async, call_blocking, missing_module
 
 TRUE = "/bin/true"
 BASE = "trio.run_process"
 FLOOR = "posix_spawn+waitpid"
 TARGETS = {"process-group": 1.10, "cgroup": 1.6}
+FAR = 60.0  # the peers' deadline: never reached by /bin/true
+IDLE_GAP = 0.05
+PEER_VARIANTS = {
+    "peer: subprocess.run capture_output+timeout": "subprocess.run",
+    "peer: communicate(timeout) recipe": "communicate",
+    "peer: anyio.run_process": "anyio",
+    "peer: asyncio wait_for(communicate())": "asyncio",
+    "peer: ADK-style (re-implemented)": "adk",
+}
 
 
 def _floor() -> None:
@@ -60,6 +90,29 @@ def _owned(domain: DomainName, devnull: bool, anomalies: list[str]) -> Measure:
             anomalies.append(f"{domain}: cause={r.cause} rc={r.returncode} empty={r.domain_empty}")
 
     return timed_async(call)
+
+
+def _peer_async(call: Callable[[Command, float], Awaitable[bytes | None]]) -> Measure:
+    return timed_async(lambda: call([TRUE], FAR))
+
+
+def _peer_sync(call: Callable[[Command, float], bytes | None]) -> Measure:
+    return timed_sync(lambda: call([TRUE], FAR))
+
+
+async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float, list[float]]]:
+    """Spawn-and-wait per domain, back to back (gap 0) and after IDLE_GAP idle."""
+    out: dict[str, dict[float, list[float]]] = {d: {0.0: [], IDLE_GAP: []} for d in domains}
+    for d in domains:
+        await trio_procown.run_owned([TRUE], domain=d, stdout="devnull", stderr="devnull")
+        for i in range(2 * n):
+            gap = IDLE_GAP if i % 2 else 0.0
+            if gap:
+                await trio.sleep(gap)
+            start = time.perf_counter()
+            await trio_procown.run_owned([TRUE], domain=d, stdout="devnull", stderr="devnull")
+            out[d][gap].append(time.perf_counter() - start)
+    return out
 
 
 async def run(cfg: Config) -> Section:
@@ -88,10 +141,23 @@ async def run(cfg: Config) -> Section:
     for d in domains:
         variants[f"run_owned {d}"] = _owned(d, False, anomalies)
         variants[f"run_owned {d} devnull"] = _owned(d, True, anomalies)
+    loop = asyncio.new_event_loop()
+    for name, key in PEER_VARIANTS.items():
+        peer = BY_KEY[key]
+        why = missing_module(peer)
+        if why:
+            section.notes.append(f"{name} skipped: {why} is not installed ({_plots.INSTALL_HINT})")
+        elif peer.kind == "trio":
+            variants[name] = _peer_async(call_async(peer))
+        else:
+            variants[name] = _peer_sync(call_blocking(peer, loop))
 
     rounds = cfg.pick(60, 500)
     warmup = cfg.pick(5, 25)
-    samples = await interleaved(variants, rounds, warmup)
+    try:
+        samples = await interleaved(variants, rounds, warmup)
+    finally:
+        loop.close()
 
     stats = {name: Stats.of(s) for name, s in samples.items()}
     base, floor = stats[BASE].median, stats[FLOOR].median
@@ -120,9 +186,59 @@ async def run(cfg: Config) -> Section:
             ]
         )
     section.tables.append(table)
+    _plots.save(
+        section,
+        cfg,
+        "spawn_cost.png",
+        "Spawn-and-wait of /bin/true: median per variant",
+        _plots.bars(
+            f"Spawn-and-wait of /bin/true, median of {rounds} interleaved rounds",
+            "µs (median)",
+            [
+                (
+                    name,
+                    st.median * 1e6,
+                    f"{st.median / base:.2f} x trio.run_process, {st.median / floor:.2f} x floor",
+                )
+                for name, st in sorted(stats.items(), key=lambda kv: kv[1].median)
+            ],
+            ours=lambda label: label.startswith("run_owned"),
+            floor=floor * 1e6,
+            floor_label="posix_spawn+waitpid floor",
+        ),
+    )
     if anomalies:
         section.notes.append(f"{len(anomalies)} unexpected receipt(s), first: {anomalies[0]}")
+    gaps = await _gap_sweep(domains, cfg.pick(15, 40))
+    if "cgroup" in gaps:
+        section.notes.append(
+            "In the interleaved table, `run_owned cgroup` comes after the non-cgroup variants (so ~10 ms "
+            "or more after the previous cgroup spawn) and `run_owned cgroup devnull` right after it: the "
+            "gap between the two rows is mostly the kernel's cgroup-move cost, not capture. The table "
+            "after it separates the two cases."
+        )
+    if gaps:
+        back = {d: Stats.of(v[0.0]) for d, v in gaps.items()}
+        idle = {d: Stats.of(v[IDLE_GAP]) for d, v in gaps.items()}
+        section.tables.append(
+            Table(
+                [
+                    "domain (devnull)",
+                    "back to back: median µs",
+                    f"after {IDLE_GAP * 1e3:g} ms idle: median µs",
+                    "extra µs",
+                ],
+                [
+                    [d, us(back[d].median), us(idle[d].median), us(idle[d].median - back[d].median)]
+                    for d in gaps
+                ],
+                caption=f"{cfg.pick(15, 40)} samples per cell, run_owned([/bin/true], stdout/stderr devnull), "
+                "alternating the two gaps. The idle figure is the cost of an occasional command.",
+            )
+        )
     section.data = {
+        "idle_gap": IDLE_GAP,
+        "gap_sweep_seconds": {d: {str(g): v for g, v in per.items()} for d, per in gaps.items()},
         "rounds": rounds,
         "warmup": warmup,
         "stats_seconds": {k: v.to_dict() for k, v in stats.items()},
