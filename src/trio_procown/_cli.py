@@ -57,6 +57,7 @@ from typing import IO, Any, Literal, NoReturn, TextIO
 import trio
 
 from . import __version__
+from ._cgroup import spawn_cost_note
 from ._command import OwnedCommand, open_owned_command
 from ._domain import DomainUnavailable
 from ._drain import DEFAULT_MAX_OUTPUT
@@ -532,6 +533,9 @@ def doctor() -> int:
             lines.append(f"auto picks: {choice.name}, because {why}")
         else:
             lines.append(f"auto picks: {choice.name}, the strongest domain available here ({choice.reason})")
+    note = spawn_cost_note() if any(o.name == "cgroup" and o.available for o in options) else None
+    if note:
+        lines.append(f"note: {note}")
     print("\n".join(lines), flush=True)
     return status
 

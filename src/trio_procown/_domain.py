@@ -33,7 +33,6 @@ from . import _pidfd, _procfs
 from ._leader import Leader
 from ._procfs import ProcInfo
 
-
 # While waiting for a member to exit, how often to check that it is still a
 # member.
 RECHECK_INTERVAL = 0.05
