@@ -40,3 +40,25 @@ ESCAPEE = (
     "os.read(r, 1)\n"
     "os.write(1, b'pid %d\\n' % pid)\n"
 )
+
+
+def kill_and_wait(pid: int, timeout: float = 5.0) -> None:
+    """SIGKILL a process this test started and wait (on its pidfd) until it
+    has terminated, so no later check sees it still running."""
+    import os
+    import select
+    import signal
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(int(timeout * 1000))
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import ESCAPEE, alive, domains, pids_in
+from helpers import ESCAPEE, alive, domains, kill_and_wait, pids_in
 from trio_procown import _cgroup
 
 HAS_CGROUP = "cgroup" in domains()
@@ -43,7 +42,7 @@ def _cleanup(pids: list[int]) -> None:
     """Kill processes this test started and deliberately left (report mode)."""
     for pid in pids:
         if alive(pid):
-            os.kill(pid, signal.SIGKILL)
+            kill_and_wait(pid)
 
 
 def _our_cgroups() -> list[str]:

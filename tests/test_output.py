@@ -9,7 +9,7 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import ESCAPEE
+from helpers import ESCAPEE, kill_and_wait
 
 
 async def test_stream_from_the_start_then_live() -> None:
@@ -176,7 +176,7 @@ async def test_abandoned_drain_when_escapee_holds_the_pipe() -> None:
         assert b"kept" in result.stdout
         assert any("abandoned" in c for c in result.receipt.claims())
     finally:
-        os.kill(pid, 9)
+        kill_and_wait(pid)
 
 
 async def test_lossless_stream_slows_the_command_instead_of_losing_bytes() -> None:

@@ -431,14 +431,14 @@ class CgroupDomain(Domain):
         assert self.leader is not None
         await self.leader.wait()
         if self._unpopulated():
-            return
+            return None
         inotify = _inotify.shared()
         wd = inotify.add(self._file("cgroup.events"))
         try:
             while True:
                 changed = inotify.event(wd)
                 if self._unpopulated():
-                    return
+                    return None
                 await changed.wait()
         finally:
             inotify.remove(wd)

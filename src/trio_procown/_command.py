@@ -162,6 +162,9 @@ class OwnedCommand:
         self._own_stopped = trio.Event()
         self.handoff: HandoffReceipt | None = None
         self._stop_cause: Cause | None = None
+        # A scan taken after the last signal that showed nothing alive; the
+        # receipt is written from it instead of scanning once more.
+        self._final_table: ProcessTable | None = None
         self._done = trio.Event()
         self._steps: list[Step] = []
         self._leftovers: dict[int, ProcessRecord] = {}
@@ -418,6 +421,8 @@ class OwnedCommand:
                     self._leftovers[info.pid] = ProcessRecord(info.pid, _procfs.cmdline(info.pid))
                 owned_escapees = escapees if census.policy == "terminate" else []
                 event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
+                if event is Event.EMPTY and not escapees:
+                    self._final_table = table
                 action = machine.handle(event)
             elif action is Do.SIGNAL_GRACEFUL:
                 # Signal first: the scan costs milliseconds. The scan then
@@ -463,7 +468,8 @@ class OwnedCommand:
                     await drain.done.wait()
                 action = Do.REAP
             elif action is Do.REAP:
-                self._finish(await self._table())
+                final, self._final_table = self._final_table, None
+                self._finish(final if final is not None else await self._table())
                 action = machine.handle(Event.REAPED)
             else:  # pragma: no cover - the machine has no other actions here
                 msg = f"unexpected action {action!r}"
@@ -483,15 +489,21 @@ class OwnedCommand:
         empty, gets this stage's signals `sigs`, and is waited for as well."""
         census = self._census
         owned = escapees if census.policy == "terminate" else []
+        self._final_table = None
         with trio.move_on_after(budget) as scope:
-            await self._domain.wait_empty(hint)
+            proof = await self._domain.wait_empty(hint)
             while True:
                 if owned:
                     await census.wait_gone(owned)
                 if census.policy != "terminate":
                     break
-                owned = census.scan(self._domain, await self._table())
+                table = proof if proof is not None and not owned else await self._table()
+                proof = None
+                owned = census.scan(self._domain, table)
                 if not owned:
+                    # Taken after every signal, showing nothing left: the
+                    # receipt can be written from it (see REAP).
+                    self._final_table = table
                     break
                 fresh = census.unsignalled(owned)
                 if fresh:

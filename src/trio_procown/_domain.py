@@ -31,7 +31,7 @@ import trio
 
 from . import _pidfd, _procfs
 from ._leader import Leader
-from ._procfs import ProcInfo
+from ._procfs import ProcessTable, ProcInfo
 
 # While waiting for a member to exit, how often to check that it is still a
 # member.
@@ -100,11 +100,12 @@ class Domain(abc.ABC):
         """True when no live process (leader included) is in the domain."""
 
     @abc.abstractmethod
-    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> ProcessTable | None:
         """Wait until is_empty(); the caller's cancel scope bounds it.
 
         `hint` is a recent process-table snapshot: members alive in it are
-        waited for before the domain is scanned again.
+        waited for before the domain is scanned again. Returns the scan that
+        showed the domain empty, if one was taken (callers may reuse it).
         """
 
     def pgid_inside(self) -> int:
@@ -188,7 +189,7 @@ class ProcessGroupDomain(Domain):
         assert self.leader is not None
         return not self.leader.alive and not self.live_members(snap)
 
-    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> ProcessTable | None:
         assert self.leader is not None
         if hint is not None:
             await wait_for_processes(
@@ -199,7 +200,7 @@ class ProcessGroupDomain(Domain):
             table = await _procfs.table_for(self.leader.pid, self._lived())
             live = self.live_members(table.rows)
             if not live:
-                return
+                return table
             await wait_for_processes(live, lambda info: _still_in_group(info, self.pgid))
 
 
