@@ -21,12 +21,14 @@ Every process of a tree carries a per-example tag in its environment
 (escapees under escapees="report") are SIGKILLed through a pidfd after
 checking that they carry both the tag and the suite marker.
 
-Examples per test: PROCOWN_CHAOS_EXAMPLES (default 12; CI uses the
-default, see docs/chaos.md for the local soak budget).
+Examples per property test: PROCOWN_CHAOS_EXAMPLES (default 25, the CI
+budget: ~70 s for this file; see docs/chaos.md for a local soak). The bugs
+the suite found are pinned at the end by minimal regression tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -35,9 +37,11 @@ import pathlib
 import select
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,23 +59,25 @@ from trio_procown import _cgroup
 from trio_procown._command import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
-EXAMPLES = int(os.environ.get("PROCOWN_CHAOS_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("PROCOWN_CHAOS_EXAMPLES", "25"))
 CHAOS_SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
+    report_multiple_bugs=False,
 )
-# Per-test pytest-timeout: the worst example takes ~2.5 s; leave room.
-CHAOS_TIMEOUT = 60 + 5 * EXAMPLES
+# Per-test pytest-timeout: an example takes at most ~1.5 s; the rest is room
+# for Hypothesis to shrink a failure (a timeout would hide the example).
+CHAOS_TIMEOUT = 300 + 5 * EXAMPLES
 
 KILL_WAIT = 0.5
 DRAIN_WAIT = 0.2
 # Scheduling allowance on top of the library's TEARDOWN_ALLOWANCE: the time
 # from a trigger (our cancel, raise, KI, or the own deadline) to the moment
 # the owner task starts the teardown, plus the wake-up of the main task
-# after it, on a loaded 2-vCPU CI machine. Measured p99.9 ~0.05 s (see
-# docs/chaos.md).
+# after it, on a loaded 2-vCPU CI machine. Over 2,120 examples no teardown
+# came within 0.9 s of the checked bound (docs/chaos.md has the figures).
 SCHEDULING_ALLOWANCE = 0.35
 # How late after its trigger a step may be recorded and still be attributed
 # to a race with that trigger (e.g. the leader exiting just as we cancel).
@@ -126,10 +132,21 @@ def park():
 
 
 def storm_child(escape):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if escape:
-        os.setsid()
-    park()
+    # Forked inside the SIGTERM handler: never unwind into the parent's code.
+    try:
+        while True:
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                break
+            except OSError:
+                # CPython refuses while a SIGTERM that tripped during the
+                # handler is pending ("ignored due to race condition").
+                pass
+        if escape:
+            os.setsid()
+        park()
+    finally:
+        os._exit(0)
 
 
 def on_term_storm(node):
@@ -290,7 +307,7 @@ class Scenario:
     """A way out of the block: what triggers the teardown, and when."""
 
     cause: str  # exit, timeout, cancel, error, ki
-    moment: str = ""  # pre, delay, ready, teardown (cancel / error / ki)
+    moment: str = ""  # pre, delay, ready, teardown (cancel / error / ki); thread (ki)
     delay: float = 0.0
     timeout: float | None = None
     grace: float = 0.3
@@ -309,7 +326,8 @@ def scenarios(cause: str) -> st.SearchStrategy[Scenario]:
 
     @st.composite
     def triggered(draw: st.DrawFn) -> Scenario:
-        moment = draw(st.sampled_from(["pre", "delay", "ready", "teardown"]))
+        moments = ["pre", "delay", "ready", "teardown"] + (["thread"] if cause == "ki" else [])
+        moment = draw(st.sampled_from(moments))
         timeout = draw(st.floats(0.0, 0.6)) if moment == "teardown" else None
         return Scenario(
             cause,
@@ -449,6 +467,7 @@ class Observed:
     raised: BaseException | None = None
     sigint_handler_ok: bool = True
     took: float = 0.0  # from the trigger to the end of the block
+    timer: threading.Timer | None = None  # the thread that sends SIGINT ("thread")
 
 
 @trio.lowlevel.enable_ki_protection
@@ -486,7 +505,13 @@ def _fire(sc: Scenario, obs: Observed, outer: trio.CancelScope) -> None:
 
 
 async def _body(run: trio_procown.OwnedCommand, sc: Scenario, obs: Observed, outer: trio.CancelScope) -> None:
-    if sc.moment == "pre" and sc.cause == "error":
+    if sc.moment == "thread":
+        # A real ^C: SIGINT from another thread lands wherever the main
+        # thread is (the body, a drain, trio's own code...).
+        obs.timer = threading.Timer(sc.delay, os.kill, (os.getpid(), signal.SIGINT))
+        obs.trigger_at = trio.current_time() + sc.delay
+        obs.timer.start()
+    elif sc.moment == "pre" and sc.cause == "error":
         _fire(sc, obs, outer)
     elif sc.moment == "delay" and sc.cause == "error":
         with trio.move_on_after(sc.delay):
@@ -585,6 +610,10 @@ def _run_example(domain: str, tree: dict[str, Any], sc: Scenario) -> None:
             trio.run(_drive, domain, tree, sc, tag, side, obs)
         except (ChaosError, KeyboardInterrupt) as exc:
             obs.raised = exc
+        finally:
+            if obs.timer is not None:
+                obs.timer.cancel()
+                obs.timer.join()
         survivors = tagged(tag)
         try:
             check_example(domain, tree, sc, obs, survivors, side)
@@ -707,13 +736,22 @@ def check_example(
         assert first.at <= sc.timeout + SCHEDULING_ALLOWANCE, f"own timeout fired late{context}"
 
     # -- the teardown's bound ----------------------------------------------
+    # From the first request (the leader's exit, the own deadline, or our
+    # trigger) to the end of the block. A teardown that was over before our
+    # trigger came (the body then waits for it) is judged by the receipt,
+    # and the block must leave promptly once the trigger arrives.
     budget = sc.grace + KILL_WAIT + DRAIN_WAIT
-    trigger = first_abs if obs.trigger_at is None else min(first_abs, max(obs.trigger_at, obs.t_enter))
-    took = obs.t_exit - trigger
     bound = budget + TEARDOWN_ALLOWANCE + SCHEDULING_ALLOWANCE
-    obs.took = took
-    assert took <= bound, f"teardown took {took:.3f}s > {bound:.3f}s{context}"
+    done_abs = run._started + r.duration
     assert r.duration - first.at <= budget + TEARDOWN_ALLOWANCE, context
+    if obs.trigger_at is not None and obs.trigger_at > done_abs:
+        obs.took = r.duration - first.at
+        late = obs.t_exit - obs.trigger_at
+        assert late <= SCHEDULING_ALLOWANCE, f"block left {late:.3f}s after the trigger{context}"
+    else:
+        start = first_abs if obs.trigger_at is None else min(first_abs, max(obs.trigger_at, obs.t_enter))
+        obs.took = obs.t_exit - start
+        assert obs.took <= bound, f"teardown took {obs.took:.3f}s > {bound:.3f}s{context}"
     waits = [s for s in steps if s.action is Act.WAIT]
     assert any(s.target == "output" for s in waits), f"the teardown was cut short{context}"
 
@@ -758,6 +796,10 @@ def check_example(
         assert not r.census, context
     stray = set(survivors) - escaped
     assert not stray, f"live processes of the tree not in receipt.escaped: {stray}{context}"
+    if sc.policy == "terminate":
+        # Escapees get the same TERM/KILL ladder, also those that leave the
+        # domain during the teardown.
+        assert not survivors, f"survivors under escapees='terminate': {survivors}{context}"
     for pid in escaped:
         assert pid in survivors or pid in tree_pids, f"escaped pid {pid} is not of this tree{context}"
     if r.domain_empty:
@@ -906,8 +948,8 @@ def test_stress_small_burst_and_soak(domain: str) -> None:
     assert b.verdicts["forced"] == STRESS_BURST // 5, b.verdicts
     assert not b.verdicts["not proven empty"], b.verdicts
     assert not b.verdicts["escaped"], b.verdicts
-    assert b.max_receipt_teardown <= b.bound + TEARDOWN_ALLOWANCE
-    assert b.teardown_wall <= b.bound + TEARDOWN_ALLOWANCE + SCHEDULING_ALLOWANCE
+    assert b.over_bound == 0, b
+    assert b.teardown_wall <= b.bound + SCHEDULING_ALLOWANCE
     s = stress.soak(STRESS_SOAK, domain)
     assert s.left.clean, s.left
     assert s.commands >= 20, s
@@ -916,7 +958,8 @@ def test_stress_small_burst_and_soak(domain: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Regressions: bugs the chaos suite found, pinned by minimal reproducers.
+# Regressions: bugs the chaos suite found, pinned by minimal reproducers
+# (each failed on 6443c4e; all are fixed now and kept as regression tests).
 # ---------------------------------------------------------------------------
 SLEEPER = py("import os, time\nos.write(1, b'early\\n')\ntime.sleep(30)\n")
 # Ignores SIGTERM and writes once more 50 ms into the grace period.
@@ -960,11 +1003,6 @@ def _interrupt_in_drain(domain: str, command: list[str]) -> tuple[trio_procown.O
 
 
 @needs_ki
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the drain tasks are not KI-protected, so a ^C landing in one escapes "
-    "wrapped in a BaseExceptionGroup",
-)
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_keyboard_interrupt_landing_in_the_drain_propagates_unwrapped(domain: str) -> None:
     """A ^C arriving while the drain task runs: teardown, then a bare KeyboardInterrupt, cause cancelled."""
@@ -975,11 +1013,6 @@ def test_keyboard_interrupt_landing_in_the_drain_propagates_unwrapped(domain: st
 
 
 @needs_ki
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a ^C landing in the drain kills it (read end closed, later output lost) "
-    "and the receipt still reports the stream as 'eof' and the output as 'complete'",
-)
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_keyboard_interrupt_landing_in_the_drain_keeps_reading_until_eof(domain: str) -> None:
     """A ^C arriving while the drain runs: it still reads to EOF, or the receipt does not claim it did."""
@@ -999,6 +1032,7 @@ ESCAPES_DURING_GRACE = py(
     "def on_term(signum, frame):\n"
     "    if os.fork() == 0:\n"
     "        os.setsid()\n"
+    "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
     "        os.write(1, b'pid %d\\n' % os.getpid())\n"
     "        time.sleep(30)\n"
     "    os._exit(0)\n"
@@ -1008,11 +1042,6 @@ ESCAPES_DURING_GRACE = py(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: under escapees='terminate' a process that leaves the group during the grace period "
-    "is never signalled when the group then empties within grace; it is only reported as escaped",
-)
 async def test_process_escaping_during_grace_is_terminated_under_terminate_policy() -> None:
     """A member that setsid()s on SIGTERM: the census must still take it through TERM/KILL."""
     result = await trio_procown.run_owned(
@@ -1031,11 +1060,6 @@ async def test_process_escaping_during_grace_is_terminated_under_terminate_polic
                 os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _cause_of() does not look inside exception groups, so an outer cancel that reaches "
-    "the block through a nursery in its body is recorded as cause 'error'",
-)
 @pytest.mark.parametrize("domain", DOMAINS)
 async def test_outer_cancel_through_a_nursery_in_the_body_is_recorded_as_cancelled(domain: str) -> None:
     """An outer cancel reaching the block as a group of Cancelled (nursery in the body) is 'cancelled'."""
@@ -1054,3 +1078,78 @@ async def test_outer_cancel_through_a_nursery_in_the_body_is_recorded_as_cancell
     assert outer.cancelled_caught
     assert run.receipt is not None
     assert run.receipt.cause == "cancelled", run.receipt.claims()
+
+
+# Ignores SIGTERM; "ready" once it does.
+TERM_IGNORER = py(
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "os.write(1, b'ready\\n')\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+async def test_teardown_cut_short_by_its_deadline_still_forces(domain: str) -> None:
+    """Loop starved through the whole teardown budget: the block must still not leave the command running."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, **{TAG_VAR: tag})
+    grace, kill_wait, drain_wait = 0.2, 0.2, 0.1
+    run = None
+    try:
+        async with trio_procown.open_owned_command(
+            TERM_IGNORER,
+            timeout=0.3,
+            grace=grace,
+            kill_wait=kill_wait,
+            drain_wait=drain_wait,
+            env=env,
+            domain=domain,  # type: ignore[arg-type]
+        ) as run:
+            await run.phase.wait_value("tearing down")
+            await trio.sleep(0.05)  # SIGTERM sent, the grace wait running
+            # Synchronous work elsewhere in the program (here: a sleep; in a
+            # burst: other teardowns' process-table scans) holds the loop.
+            time.sleep(grace + kill_wait + drain_wait + TEARDOWN_ALLOWANCE + 0.5)
+            await run.wait()
+        r = run.receipt
+        assert r is not None
+        assert not tagged(tag), r.claims()
+        assert r.forced
+        assert r.domain_empty
+    finally:
+        kill_tagged(tag)
+        if run is not None and run.receipt is not None and not run.receipt.domain_empty:
+            _reap_and_release(run)
+
+
+def _reap_and_release(run: trio_procown.OwnedCommand) -> None:
+    """Clean up after a teardown that gave up: reap the leader, remove its cgroup."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(run.pid, 0)
+    run._leader.popen.returncode = -signal.SIGKILL  # subprocess must not reap it again
+    ident = run.receipt.domain_id if run.receipt else ""
+    root = _cgroup.default_root()
+    if root and ident.startswith(os.path.join(root, f"procown-{os.getpid()}-")):
+        with contextlib.suppress(OSError):
+            os.rmdir(ident)
+
+
+# Run in a child interpreter: subreaper mode cannot be undone for a process.
+SUBREAPER_PROBE = """
+import os, sys, trio, trio_procown
+trio.run(lambda: trio_procown.run_owned("sleep 30 & echo pid $!", domain=sys.argv[2], subreaper=True))
+try:
+    found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+except ChildProcessError:
+    found = None
+print("unreaped %d" % found.si_pid if found else "clean")
+"""
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_subreaper_reaps_the_orphans_it_adopted(domain: str) -> None:
+    """subreaper=True: a terminated orphan of the command is reaped by us, not left as our zombie."""
+    done = subprocess.run([*py(SUBREAPER_PROBE), domain], capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.strip() == b"clean"

@@ -323,9 +323,10 @@ class CgroupDomain(Domain):
     def _pids(self) -> list[int]:
         try:
             with open(self._file("cgroup.procs")) as f:
-                return [int(x) for x in f.read().split()]
+                pids = [int(x) for x in f.read().split()]
         except FileNotFoundError:
             return []
+        return pids
 
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         if self._unpopulated():
@@ -338,6 +339,7 @@ class CgroupDomain(Domain):
             info = _procfs.read_stat(pid)
             if info is not None:
                 found.append(info)
+                self.seen[pid] = info.start
         return found
 
     def contains(self, pid: int) -> bool:
@@ -378,7 +380,10 @@ class CgroupDomain(Domain):
         outside = []
         for pid in listed:
             info = _procfs.read_stat(pid)
-            if info is not None and not (grouped and info.pgrp == pgid):
+            if info is None:
+                continue
+            self.seen[pid] = info.start
+            if not (grouped and info.pgrp == pgid):
                 outside.append(pid)
         fds = {pid: _pidfd.open_pidfd(pid) for pid in outside}
         still = set(self._pids())

@@ -394,7 +394,7 @@ class OwnedCommand:
                 await self._teardown()
             finally:
                 if self.receipt is None:
-                    self._finish()
+                    self._cut_short()
         self.phase.value = "done"
         self._done.set()
         self._own_stopped.set()
@@ -514,6 +514,22 @@ class OwnedCommand:
         self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
 
+    def _cut_short(self) -> None:
+        """The teardown's own deadline expired before it finished (the event
+        loop was starved, say): force now if that has not happened yet,
+        without waiting, then write the receipt from what is seen."""
+        machine = self._machine
+        if not machine.forced:
+            machine.forced = True
+            self._step(Action.SIGNAL, "domain", self._domain.force(), "teardown deadline expired")
+            if self._census.policy == "terminate":
+                table = ProcessTable(_procfs.snapshot(self._leader.pid, self._lived()))
+                escapees = self._census.scan(self._domain, table)
+                if escapees:
+                    n = self._census.signal(escapees, (signal.SIGKILL,))
+                    self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
+        self._finish()
+
     def _finish(self, table: ProcessTable | None = None) -> None:
         """Reap, release, and write the receipt. Never waits.
 
@@ -531,6 +547,13 @@ class OwnedCommand:
         members = domain.members(table.rows)
         live = [m for m in members if not m.zombie]
         zombies = [m for m in members if m.zombie]
+        listed = {m.pid for m in members}
+        for pid, start in sorted(domain.seen.items()):
+            if pid in listed:
+                continue
+            info = _procfs.read_stat(pid)
+            if info is not None and info.zombie and info.start == start:
+                zombies.append(info)
         reaped_orphans = 0
         if self._subreaper:
             from ._subreaper import reap_orphans
@@ -557,7 +580,7 @@ class OwnedCommand:
         for drain in self._drains.values():
             cap = drain.capture
             truncated |= cap.dropped > 0
-            state: Literal["eof", "abandoned"] = "abandoned" if drain.abandoned else "eof"
+            state: Literal["eof", "abandoned"] = "eof" if drain.eof else "abandoned"
             streams.append(StreamRecord(drain.name, state, cap.total, cap.kept, cap.dropped))
         output = machine.output or (
             "abandoned" if any(d.abandoned for d in self._drains.values()) else "complete"

@@ -59,6 +59,11 @@ class Domain(abc.ABC):
     def __init__(self) -> None:
         self.leader: Leader | None = None
         self._started = 0.0
+        # Every member seen by a scan (the leader excluded), pid -> start
+        # time: zombies are looked for among them at the end, since a
+        # cgroup's listing never shows zombies; the start time tells a
+        # member from a stranger that got its pid later.
+        self.seen: dict[int, int] = {}
 
     # -- lifecycle ----------------------------------------------------------
     def prepare(self, argv: Sequence[str]) -> list[str]:
@@ -155,7 +160,9 @@ class ProcessGroupDomain(Domain):
         leader_pid = self.leader.pid if self.leader else None
         if snap is None:
             snap = _procfs.snapshot(leader_pid, self._lived())
-        return [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
+        found = [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
+        self.seen.update((m.pid, m.start) for m in found)
+        return found
 
     def pgid_inside(self) -> int:
         return self.pgid

@@ -309,7 +309,7 @@ class Receipt:
 
 def _describe_status(returncode: int | None) -> str:
     if returncode is None:
-        return "no status (it could not be reaped)"
+        return "no status: it had not been seen to exit when the teardown ended"
     if returncode < 0:
         import signal
 
