@@ -352,7 +352,7 @@ class OwnedCommand:
         return trio.current_time() - self._started
 
     async def _table(self) -> ProcessTable:
-        return await _procfs.table_for(self._leader.pid, self._lived())
+        return await _procfs.table_for(self._leader.mark)
 
     def _request_stop(self, cause: Cause) -> None:
         if self._stop_cause is None:
@@ -523,7 +523,7 @@ class OwnedCommand:
             machine.forced = True
             self._step(Action.SIGNAL, "domain", self._domain.force(), "teardown deadline expired")
             if self._census.policy == "terminate":
-                table = ProcessTable(_procfs.snapshot(self._leader.pid, self._lived()))
+                table = ProcessTable(_procfs.snapshot(self._leader.mark))
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
                     n = self._census.signal(escapees, (signal.SIGKILL,))
@@ -537,7 +537,7 @@ class OwnedCommand:
         (an emergency exit of the teardown) a private scan is made.
         """
         if table is None:
-            table = ProcessTable(_procfs.snapshot(self._leader.pid, self._lived()))
+            table = ProcessTable(_procfs.snapshot(self._leader.mark))
         domain = self._domain
         leader = self._leader
         machine = self._machine
@@ -714,10 +714,12 @@ async def open_owned_command(
         else:
             err_fd = _output_fd("stderr", stderr, run, max_output, parent_fds, child_fds)
         spawn_argv = own_domain.prepare(argv)
+        mark = _procfs.pid_mark()  # before the spawn: every descendant's pid comes after it
         try:
             run._leader = Leader.spawn(
                 spawn_argv, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, cwd=cwd, env=child_env
             )
+            run._leader.mark = mark
         except BaseException:
             own_domain.abort_spawn()
             raise

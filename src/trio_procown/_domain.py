@@ -129,9 +129,6 @@ class Domain(abc.ABC):
         return ""
 
     # -- shared helpers -----------------------------------------------------
-    def _lived(self) -> float:
-        return trio.current_time() - self._started if self._started else 1e9
-
     def live_members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         return [m for m in self.members(snap) if not m.zombie]
 
@@ -159,7 +156,7 @@ class ProcessGroupDomain(Domain):
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         leader_pid = self.leader.pid if self.leader else None
         if snap is None:
-            snap = _procfs.snapshot(leader_pid, self._lived())
+            snap = _procfs.snapshot(self.leader.mark if self.leader else None)
         found = [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
         self.seen.update((m.pid, m.start) for m in found)
         return found
@@ -204,7 +201,7 @@ class ProcessGroupDomain(Domain):
             )
         while True:
             await self.leader.wait()
-            table = await _procfs.table_for(self.leader.pid, self._lived())
+            table = await _procfs.table_for(self.leader.mark)
             live = self.live_members(table.rows)
             if not live:
                 return table

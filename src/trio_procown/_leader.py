@@ -38,6 +38,7 @@ class Leader:
         self.reaped = False
         info = _procfs.read_stat(self.pid) if _procfs.IS_LINUX else None
         self.start = info.start if info is not None else 0  # clock ticks since boot
+        self.mark: _procfs.PidMark | None = None  # the pid counter before the spawn
 
     @classmethod
     def spawn(

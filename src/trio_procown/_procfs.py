@@ -8,16 +8,18 @@
 #
 # A full scan of /proc/*/stat costs about as much as a whole spawn (~0.5 ms
 # for 60 processes on the project's machines), too slow for the common path.
-# So a scan may be narrowed to the pids allocated *since the command's leader
-# was spawned*: Linux hands out pids cyclically upward, so every descendant of
-# the leader has a pid in (leader, last_pid], where last_pid is the newest pid
-# the kernel allocated (the last field of /proc/loadavg). That holds unless the
-# counter wrapped around pid_max in between; we detect a wrap that lands below
-# the leader (last_pid < leader), and we rule out a full lap by allowing the
-# narrow scan only for commands that lived less than FULL_SCAN_AFTER seconds:
-# a lap of pid_max (32768 by default) in that time would take over 100k forks
-# a second, far beyond what these machines can do. Anything else gets a full
-# scan.
+# So a scan may be narrowed to the pids allocated *since the command was
+# spawned*. Linux hands out pids cyclically upward, so every descendant of the
+# command has a pid allocated after a mark taken just before the spawn: in
+# (mark.last_pid, now.last_pid], or, if the counter wrapped once, in
+# (mark.last_pid, pid_max) plus [1, now.last_pid]. last_pid is the newest pid
+# allocated in our namespace (/proc/loadavg). Two wraps would need more
+# allocations than there are free pids; the kernel's clone counter
+# (/proc/stat "processes") bounds the allocations since the mark, so the
+# narrow ranges are used only while 2 x clones + tasks < pid_max - 300: then
+# they provably hold every descendant. Otherwise, or without a mark, the scan
+# is full. A narrow range of at most DIRECT_PROBE_MAX pids is probed pid by
+# pid; a wider one means a busy machine, and goes to the shared full scan.
 #
 # A full scan is shared. When many commands are torn down together (500
 # cancelled by one scope), each teardown would otherwise read the whole
@@ -34,7 +36,7 @@
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -45,9 +47,68 @@ import trio
 
 IS_LINUX = sys.platform.startswith("linux")
 
-# The narrow scan is sound only for commands that lived less than this long
-# (see the comment above).
-FULL_SCAN_AFTER = 0.25
+
+@dataclass(frozen=True, slots=True)
+class PidMark:
+    """Where the pid counter stood before a spawn (see the module comment)."""
+
+    last_pid: int  # newest pid allocated in our namespace
+    forks: int  # clones since boot (/proc/stat "processes")
+
+
+def _read_small(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _mark_and_tasks() -> tuple[PidMark, int] | None:
+    try:
+        load = _read_small("/proc/loadavg").split()
+        stat = _read_small("/proc/stat")
+        at = stat.index(b"\nprocesses ") + 11
+        forks = int(stat[at : stat.index(b"\n", at)])
+        return PidMark(int(load[4]), forks), int(load[3].split(b"/")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pid_mark() -> PidMark | None:
+    """A mark to take just before a spawn; None where it cannot be read."""
+    if not IS_LINUX:
+        return None
+    found = _mark_and_tasks()
+    return None if found is None else found[0]
+
+
+@functools.cache
+def _pid_max() -> int | None:
+    try:
+        return int(_read_small("/proc/sys/kernel/pid_max"))
+    except (OSError, ValueError):
+        return None
+
+
+def ranges_since(mark: PidMark | None) -> list[tuple[int, int]] | None:
+    """Inclusive pid ranges allocated since `mark`, or None when they cannot
+    be proven to hold every pid allocated since (module comment)."""
+    pid_max = _pid_max()
+    found = _mark_and_tasks() if mark is not None and pid_max is not None else None
+    if mark is None or pid_max is None or found is None:
+        return None
+    now, tasks = found
+    if 2 * (now.forks - mark.forks) + tasks >= pid_max - 300:
+        return None
+    if now.last_pid >= mark.last_pid:
+        return [(mark.last_pid + 1, now.last_pid)]
+    return [(mark.last_pid + 1, pid_max - 1), (1, now.last_pid)]  # wrapped once
+
+
+def _width(ranges: list[tuple[int, int]]) -> int:
+    return sum(hi - lo + 1 for lo, hi in ranges if hi >= lo)
+
 
 # How many times an environment read is retried while the process is seen
 # inside execve() (each retry yields the CPU once).
@@ -55,7 +116,7 @@ EXEC_RETRIES = 200
 
 # A range of at most this many pids is probed pid by pid, which is cheaper
 # than listing /proc.
-DIRECT_PROBE_MAX = 32
+DIRECT_PROBE_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +162,14 @@ def _is_process(pid: int) -> bool:
     return False
 
 
-def candidate_pids(since_pid: int | None, lived: float) -> Iterator[int]:
-    """Pids that may belong to a command whose leader is `since_pid`.
-
-    Narrowed to pids allocated after the leader when that is provably
-    complete (see the module comment); otherwise every pid. A narrow range
-    of a few pids is probed directly instead of listing /proc.
-    """
-    if since_pid is None or lived >= FULL_SCAN_AFTER:
+def candidate_pids(ranges: list[tuple[int, int]] | None) -> Iterator[int]:
+    """Pids in `ranges` (see ranges_since), or every pid when None. A narrow
+    range is probed pid by pid instead of listing /proc."""
+    if ranges is None:
         return _all_pids()
-    newest = last_pid()
-    if newest is None or newest < since_pid:
-        return _all_pids()  # wrapped, or unknown: scan all
-    if newest - since_pid <= DIRECT_PROBE_MAX:
-        return (p for p in range(since_pid + 1, newest + 1) if _is_process(p))
-    return (p for p in _all_pids() if since_pid < p <= newest)
+    if _width(ranges) <= DIRECT_PROBE_MAX:
+        return (p for lo, hi in ranges for p in range(lo, hi + 1) if _is_process(p))
+    return (p for p in _all_pids() if any(lo <= p <= hi for lo, hi in ranges))
 
 
 def read_stat(pid: int) -> ProcInfo | None:
@@ -163,17 +217,16 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def narrow_enough(since_pid: int | None, lived: float) -> bool:
-    """True when a scan for this leader may be narrowed (module comment)."""
-    return IS_LINUX and since_pid is not None and lived < FULL_SCAN_AFTER
+def snapshot(mark: PidMark | None) -> list[ProcInfo]:
+    """The processes that may descend from a command spawned after `mark`,
+    zombies included (narrowed as the module comment explains)."""
+    return _snapshot(ranges_since(mark))
 
 
-def snapshot(since_pid: int | None, lived: float) -> list[ProcInfo]:
-    """The processes that may descend from the leader `since_pid`, zombies
-    included (narrowed as the module comment explains)."""
+def _snapshot(ranges: list[tuple[int, int]] | None) -> list[ProcInfo]:
     if IS_LINUX:
         rows = []
-        for pid in candidate_pids(since_pid, lived):
+        for pid in candidate_pids(ranges):
             info = read_stat(pid)
             if info is not None:
                 rows.append(info)
@@ -328,7 +381,7 @@ class _Coalescer:
             await trio.lowlevel.checkpoint()
         finally:
             self._next = None
-            this.table = ProcessTable(snapshot(None, math.inf))
+            this.table = ProcessTable(_snapshot(None))
             this.done.set()
         return this.table
 
@@ -336,12 +389,13 @@ class _Coalescer:
 _COALESCER: trio.lowlevel.RunVar[_Coalescer] = trio.lowlevel.RunVar("trio_procown_scans")
 
 
-async def table_for(since_pid: int | None, lived: float) -> ProcessTable:
-    """A scan for the command whose leader is `since_pid`: narrow and
-    private when that is sound, otherwise a full scan shared with the other
+async def table_for(mark: PidMark | None) -> ProcessTable:
+    """A scan for the command spawned after `mark`: narrow and private when
+    that is sound and cheap, otherwise a full scan shared with the other
     teardowns of this scheduling batch."""
-    if narrow_enough(since_pid, lived):
-        return ProcessTable(snapshot(since_pid, lived))
+    ranges = ranges_since(mark)
+    if ranges is not None and _width(ranges) <= DIRECT_PROBE_MAX:
+        return ProcessTable(_snapshot(ranges))
     try:
         coalescer = _COALESCER.get()
     except LookupError:
