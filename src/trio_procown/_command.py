@@ -78,6 +78,10 @@ class HandoffError(RuntimeError):
 # it covers the cost of the actions themselves (scans, signals, reaping).
 TEARDOWN_ALLOWANCE = 0.5
 
+# If the event loop was starved past the teardown's deadline (so the bound is
+# already exceeded), how long the forced fallback may wait for the domain.
+CUT_SHORT_WAIT = 0.25
+
 CAPTURE = "capture"
 STDOUT = "stdout"
 DEVNULL = "devnull"
@@ -390,11 +394,13 @@ class OwnedCommand:
         self.phase.value = "tearing down"
         deadline = trio.current_time() + machine.budgets.total + TEARDOWN_ALLOWANCE
         with trio.CancelScope(deadline=deadline, shield=True):
-            try:
-                await self._teardown()
-            finally:
-                if self.receipt is None:
-                    self._cut_short()
+            await self._teardown()
+        if self.receipt is None:
+            # Only when the loop was starved past the teardown's deadline.
+            with trio.CancelScope(deadline=trio.current_time() + CUT_SHORT_WAIT, shield=True):
+                await self._cut_short()
+            if self.receipt is None:
+                self._finish()
         self.phase.value = "done"
         self._done.set()
         self._own_stopped.set()
@@ -514,10 +520,11 @@ class OwnedCommand:
         self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
 
-    def _cut_short(self) -> None:
+    async def _cut_short(self) -> None:
         """The teardown's own deadline expired before it finished (the event
-        loop was starved, say): force now if that has not happened yet,
-        without waiting, then write the receipt from what is seen."""
+        loop was starved, say): force now if that has not happened yet, wait
+        at most CUT_SHORT_WAIT for the domain, then write the receipt from
+        what is seen."""
         machine = self._machine
         if not machine.forced:
             machine.forced = True
@@ -528,6 +535,10 @@ class OwnedCommand:
                 if escapees:
                     n = self._census.signal(escapees, (signal.SIGKILL,))
                     self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
+        with trio.move_on_after(CUT_SHORT_WAIT) as scope:
+            await self._domain.wait_empty()
+        outcome = "expired" if scope.cancelled_caught else "empty"
+        self._step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
         self._finish()
 
     def _finish(self, table: ProcessTable | None = None) -> None:
