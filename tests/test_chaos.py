@@ -1031,9 +1031,9 @@ ESCAPES_DURING_GRACE = py(
     "import os, signal, time\n"
     "def on_term(signum, frame):\n"
     "    if os.fork() == 0:\n"
-    "        os.setsid()\n"
     "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
-    "        os.write(1, b'pid %d\\n' % os.getpid())\n"
+    "        os.write(1, b'pid %d\\n' % os.getpid())\n"  # before it leaves: a SIGTERM
+    "        os.setsid()\n"  # from the census may end it right after setsid()
     "        time.sleep(30)\n"
     "    os._exit(0)\n"
     "signal.signal(signal.SIGTERM, on_term)\n"
