@@ -13,11 +13,12 @@
 # command has a pid allocated after a mark taken just before the spawn: in
 # (mark.last_pid, now.last_pid], or, if the counter wrapped once, in
 # (mark.last_pid, pid_max) plus [1, now.last_pid]. last_pid is the newest pid
-# allocated in our namespace (/proc/loadavg). Two wraps would need more
-# allocations than there are free pids; the kernel's clone counter
+# allocated in our namespace (/proc/loadavg). Lapping the mark would need
+# more allocations than there are free pids; the kernel's clone counter
 # (/proc/stat "processes") bounds the allocations since the mark, so the
-# narrow ranges are used only while 2 x clones + tasks < pid_max - 300: then
-# they provably hold every descendant. Otherwise, or without a mark, the scan
+# narrow ranges are used only while 4 x clones + 3 x (tasks + clones) <
+# pid_max - 300 (see ranges_since): then they provably hold every
+# descendant. Otherwise, or without a mark, the scan
 # is full. A narrow range of at most DIRECT_PROBE_MAX pids is probed pid by
 # pid; a wider one means a busy machine, and goes to the shared full scan.
 #
@@ -54,6 +55,7 @@ class PidMark:
 
     last_pid: int  # newest pid allocated in our namespace
     forks: int  # clones since boot (/proc/stat "processes")
+    tasks: int = 0  # tasks on the machine then
 
 
 def _read_small(path: str) -> bytes:
@@ -64,23 +66,18 @@ def _read_small(path: str) -> bytes:
         os.close(fd)
 
 
-def _mark_and_tasks() -> tuple[PidMark, int] | None:
+def pid_mark() -> PidMark | None:
+    """A mark to take just before a spawn; None where it cannot be read."""
+    if not IS_LINUX:
+        return None
     try:
         load = _read_small("/proc/loadavg").split()
         stat = _read_small("/proc/stat")
         at = stat.index(b"\nprocesses ") + 11
         forks = int(stat[at : stat.index(b"\n", at)])
-        return PidMark(int(load[4]), forks), int(load[3].split(b"/")[1])
+        return PidMark(int(load[4]), forks, int(load[3].split(b"/")[1]))
     except (OSError, ValueError, IndexError):
         return None
-
-
-def pid_mark() -> PidMark | None:
-    """A mark to take just before a spawn; None where it cannot be read."""
-    if not IS_LINUX:
-        return None
-    found = _mark_and_tasks()
-    return None if found is None else found[0]
 
 
 @functools.cache
@@ -95,18 +92,23 @@ def ranges_since(mark: PidMark | None) -> list[tuple[int, int]] | None:
     """Inclusive pid ranges allocated since `mark`, or None when they cannot
     be proven to hold every pid allocated since (module comment)."""
     pid_max = _pid_max()
-    found = _mark_and_tasks() if mark is not None and pid_max is not None else None
-    if mark is None or pid_max is None or found is None:
+    now = pid_mark() if mark is not None and pid_max is not None else None
+    if mark is None or pid_max is None or now is None:
         return None
-    now, tasks = found
-    if 2 * (now.forks - mark.forks) + tasks >= pid_max - 300:
+    # Pids allocated since the mark are at most the clones since; pids in
+    # use are at most three per task (its own, and a process group and a
+    # session id it may keep alive). While the allocations plus the pids in
+    # use stay below pid_max - 300 (the kernel's reserved low pids), the
+    # counter cannot have lapped the mark.
+    clones = now.forks - mark.forks
+    if 4 * clones + 3 * (mark.tasks + clones) >= pid_max - 300:
         return None
     if now.last_pid >= mark.last_pid:
         return [(mark.last_pid + 1, now.last_pid)]
     return [(mark.last_pid + 1, pid_max - 1), (1, now.last_pid)]  # wrapped once
 
 
-def _width(ranges: list[tuple[int, int]]) -> int:
+def width(ranges: list[tuple[int, int]]) -> int:
     return sum(hi - lo + 1 for lo, hi in ranges if hi >= lo)
 
 
@@ -147,7 +149,7 @@ def _all_pids() -> Iterator[int]:
     return (int(n) for n in os.listdir("/proc") if n.isdigit())
 
 
-def _is_process(pid: int) -> bool:
+def is_process(pid: int) -> bool:
     """True if `pid` is a thread-group leader (a process), not a thread.
 
     /proc lists only processes, but /proc/TID opens for any thread too.
@@ -167,8 +169,8 @@ def candidate_pids(ranges: list[tuple[int, int]] | None) -> Iterator[int]:
     range is probed pid by pid instead of listing /proc."""
     if ranges is None:
         return _all_pids()
-    if _width(ranges) <= DIRECT_PROBE_MAX:
-        return (p for lo, hi in ranges for p in range(lo, hi + 1) if _is_process(p))
+    if width(ranges) <= DIRECT_PROBE_MAX:
+        return (p for lo, hi in ranges for p in range(lo, hi + 1) if is_process(p))
     return (p for p in _all_pids() if any(lo <= p <= hi for lo, hi in ranges))
 
 
@@ -394,7 +396,7 @@ async def table_for(mark: PidMark | None) -> ProcessTable:
     that is sound and cheap, otherwise a full scan shared with the other
     teardowns of this scheduling batch."""
     ranges = ranges_since(mark)
-    if ranges is not None and _width(ranges) <= DIRECT_PROBE_MAX:
+    if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges))
     try:
         coalescer = _COALESCER.get()

@@ -287,78 +287,23 @@ def _environ_phase(pid: int, token: str) -> str | None:
 # ids a task may keep alive), tasks being at most those at open plus those
 # created since. So while 4 * forks + 3 * tasks < pid_max - 300, no lap
 # happened and the narrow interval is complete; otherwise we scan everything.
+# The library's teardown scans use the same proof: _procfs.ranges_since.
 
 
-@dataclass(frozen=True, slots=True)
-class _PidMark:
-    last_pid: int  # newest pid allocated in our namespace (/proc/loadavg)
-    tasks: int  # tasks on the machine (/proc/loadavg)
-    forks: int  # clones since boot (/proc/stat "processes")
-
-
-def _read_small(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 65536)
-    finally:
-        os.close(fd)
-
-
-def _pid_mark() -> _PidMark | None:
-    if not _IS_LINUX:
-        return None
-    try:
-        load = _read_small("/proc/loadavg").split()
-        stat = _read_small("/proc/stat")
-        at = stat.index(b"\nprocesses ") + 11
-        return _PidMark(int(load[4]), int(load[3].split(b"/")[1]), int(stat[at : stat.index(b"\n", at)]))
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_pid_max_cache: list[int] = []
-
-
-def _pid_max() -> int | None:
-    if not _pid_max_cache:
-        try:
-            _pid_max_cache.append(int(_read_small("/proc/sys/kernel/pid_max")))
-        except (OSError, ValueError):
-            return None
-    return _pid_max_cache[0]
-
-
-DIRECT_PROBE_MAX = 64  # a narrow interval of at most this many pids is probed pid by pid
+_PidMark = _procfs.PidMark
+_pid_mark = _procfs.pid_mark
 
 
 def _candidate_pids(since: _PidMark | None) -> tuple[list[int], bool]:
     """Pids that may belong to processes created after `since`, and whether
     they may include threads (pids probed directly rather than listed)."""
-    now = _pid_mark()
-    pid_max = _pid_max()
-    if since is None or now is None or pid_max is None:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()], False
-    if 4 * (now.forks - since.forks) + 3 * (since.tasks + now.forks - since.forks) >= pid_max - 300:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()], False
-    if now.last_pid >= since.last_pid:
-        ranges = [(since.last_pid + 1, now.last_pid)]
-    else:  # wrapped once
-        ranges = [(since.last_pid + 1, pid_max - 1), (1, now.last_pid)]
-    if sum(hi - lo + 1 for lo, hi in ranges) <= DIRECT_PROBE_MAX:
+    ranges = _procfs.ranges_since(since)
+    if ranges is not None and _procfs.width(ranges) <= _procfs.DIRECT_PROBE_MAX:
         return [pid for lo, hi in ranges for pid in range(lo, hi + 1)], True
-    pids = (int(n) for n in os.listdir("/proc") if n.isdigit())
-    return [pid for pid in pids if any(lo <= pid <= hi for lo, hi in ranges)], False
+    return list(_procfs.candidate_pids(ranges)), False
 
 
-def _is_thread_group_leader(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1]) == pid
-    except (OSError, ValueError):
-        return False
-    return False
+_is_thread_group_leader = _procfs.is_process
 
 
 # A process caught in the middle of execve() shows an empty environment: its
