@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from conftest import py
+from helpers import alive
 from trio_procown import Receipt
 
 PROCOWN = [sys.executable, "-m", "trio_procown"]
@@ -84,12 +85,7 @@ class LineReader:
 
 def gone(pid: int) -> bool:
     """True when `pid` no longer runs (absent, or a zombie left for its reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in (b"Z", b"X")
+    return not alive(pid)
 
 
 def error_line(stderr: bytes) -> str:

@@ -61,6 +61,7 @@ from ._cgroup import spawn_cost_note
 from ._command import OwnedCommand, open_owned_command
 from ._domain import DomainUnavailable
 from ._drain import DEFAULT_MAX_OUTPUT
+from ._procfs import read_stat
 from ._receipt import Receipt
 from ._select import auto_choice, available_domains
 
@@ -574,12 +575,8 @@ def _show(heading: str, shown: str, run: OwnedCommand, checks: dict[str, bool]) 
 
 def _gone(pid: int) -> bool:
     """True when `pid` no longer runs (absent, or a zombie awaiting its reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in (b"Z", b"X")
+    info = read_stat(pid)
+    return info is None or info.zombie
 
 
 async def _stoppable_demo() -> int:

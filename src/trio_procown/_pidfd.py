@@ -66,17 +66,6 @@ def close(pidfd: int) -> None:
     os.close(pidfd)
 
 
-def pid_alive(pid: int) -> bool:
-    """Portable liveness check for a pid (zombies count as alive here)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def poll_until(predicate: Callable[[], bool]) -> None:
     """Poll `predicate()` with a growing interval until it is true.
 
