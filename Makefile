@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint typecheck check bench bench-quick clean
+.PHONY: demo test chaos lint typecheck check bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The chaos suite exploring: Hypothesis' "chaos" profile (tests/conftest.py)
+# draws a random seed per run, keeps failures in .hypothesis/ and runs 5x the
+# examples of `make test` (which is derandomized). The property tests'
+# timeouts grow with their example count; the rest get a larger default.
+chaos: $(STAMP)
+	HYPOTHESIS_PROFILE=chaos $(PY) -m pytest -q tests/test_chaos.py -p no:cacheprovider --timeout=600
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -22,11 +22,41 @@ import sys
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from trio_procown.pytest_plugin import COOKIE_ENV
 
 MARKER_VAR = "PROCOWN_TEST_MARKER"
 MARKER = os.environ.setdefault(MARKER_VAR, f"procown-test-{uuid.uuid4().hex}")
+
+# Hypothesis profiles. "ci", loaded unless HYPOTHESIS_PROFILE names another
+# (so also whenever CI is set), is deterministic: a derandomized seed per test,
+# no example database, and the blob to replay a failure printed with it; a
+# run fails or passes the same way on every machine. "chaos"
+# (HYPOTHESIS_PROFILE=chaos, `make chaos`) explores: a random seed per run,
+# the local .hypothesis/ database (failures are replayed first), 5x the
+# examples. tests/test_chaos.py scales its own example count to the profile.
+CI_MAX_EXAMPLES = 100
+settings.register_profile(
+    "ci",
+    parent=settings.get_profile("default"),
+    max_examples=CI_MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "chaos",
+    parent=settings.get_profile("default"),
+    max_examples=5 * CI_MAX_EXAMPLES,
+    derandomize=False,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 
 def marked_env(extra: dict[str, str] | None = None) -> dict[str, str]:

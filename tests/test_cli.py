@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -296,6 +297,22 @@ def test_stdin_is_passed_to_the_command() -> None:
     """procown's stdin reaches the command."""
     done = procown("run", "--", "cat", input=b"piped in\n", stdin=None)
     assert (done.returncode, done.stdout) == (0, b"piped in\n")
+
+
+def test_stdin_keeps_the_callers_file_offset(tmp_path: Path) -> None:
+    """As under GNU timeout, the command inherits procown's stdin: it reads on from the shared offset."""
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"abcdef")
+    script = f"{{ head -c 3 >/dev/null; {shlex.join(PROCOWN)} run -- cat; }} < {shlex.quote(str(path))}"
+    done = subprocess.run(["sh", "-c", script], capture_output=True, timeout=WAIT, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"def", b"")
+
+
+def test_closed_stdin_gives_the_command_dev_null() -> None:
+    """With procown's fd 0 closed, the command reads /dev/null (end-of-file at once)."""
+    script = f'exec 0<&-; exec {shlex.join(PROCOWN)} run -- sh -c "cat; echo status \\$?"'
+    done = subprocess.run(["sh", "-c", script], capture_output=True, timeout=WAIT, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"status 0\n", b"")
 
 
 def test_receipt_file_is_the_librarys_json(tmp_path: Path) -> None:

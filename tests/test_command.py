@@ -303,6 +303,40 @@ async def test_bad_budgets_raise_value_error(name: str, value: float) -> None:
         await trio_procown.run_owned(["true"], **{name: value})
 
 
+@pytest.mark.parametrize("name", ["grace", "kill_wait", "drain_wait"])
+async def test_infinite_teardown_budgets_are_refused(name: str) -> None:
+    """An infinite grace, kill_wait or drain_wait would make the teardown unbounded: ValueError."""
+    with pytest.raises(ValueError, match=name):
+        await trio_procown.run_owned(["true"], **{name: math.inf})
+
+
+async def test_infinite_timeout_means_no_deadline() -> None:
+    """timeout=math.inf is no deadline of its own (like None); the teardown stays bounded."""
+    result = await trio_procown.run_owned(["true"], timeout=math.inf)
+    assert result.receipt.cause == "exited"
+
+
+@pytest.mark.parametrize("value", [True, False, 1.5, "1024"])
+async def test_non_integer_max_output_is_refused(value: object) -> None:
+    """max_output takes an int of bytes: a bool, a float or a str raises ValueError before spawning."""
+    with pytest.raises(ValueError, match="max_output"):
+        await trio_procown.run_owned(["true"], max_output=value)  # type: ignore[arg-type]
+
+
+def test_to_dict_keeps_extras() -> None:
+    """to_dict() publishes extras (e.g. reaped_orphans) instead of dropping them."""
+    r = trio_procown.Receipt(
+        cause="exited",
+        returncode=0,
+        domain="process-group",
+        forced=False,
+        domain_empty=True,
+        output="complete",
+        extras={"reaped_orphans": 2},
+    )
+    assert r.to_dict()["extras"] == {"reaped_orphans": 2}
+
+
 async def test_zero_timeout_times_out_immediately(domain: str) -> None:
     """timeout=0 is legal: the command is torn down at once."""
     result = await trio_procown.run_owned("sleep 30", timeout=0, domain=domain)

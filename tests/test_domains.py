@@ -209,3 +209,74 @@ async def test_process_group_domain_on_a_non_posix_platform_is_refused(
     monkeypatch.setattr(_select, "is_posix", lambda: False)
     with pytest.raises(trio_procown.DomainUnavailable, match="POSIX"):
         await trio_procown.run_owned("true", domain="process-group")
+
+
+# A command that makes a child cgroup under its own and moves a forked member
+# there in a session of its own (as container runtimes, systemd-run or a
+# nested owner do); it prints
+# the member's pid and the child cgroup's path, then waits.
+NESTED_CGROUP = """
+import os, time
+mount = os.environ["CG_MOUNT"]
+own = open("/proc/self/cgroup").read().split("0::", 1)[1].split()[0]
+child = os.path.join(mount, own.lstrip("/"), "inner")
+os.mkdir(child)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setsid()  # its own session too, as a container's init would be
+    os.read(r, 1)
+    time.sleep(30)
+    os._exit(0)
+with open(os.path.join(child, "cgroup.procs"), "w") as f:
+    f.write(str(pid))
+os.write(w, b"x")
+print("pid", pid, flush=True)
+print("cgroup", child, flush=True)
+time.sleep(30)
+"""
+
+
+@needs_cgroup
+@pytest.mark.timeout(30)
+async def test_members_of_descendant_cgroups_are_members() -> None:
+    """A member moved into a child cgroup the command created gets the graceful signal (no force),
+    is never an escapee, and the tree is released bottom-up with a sentence saying so."""
+    env = dict(os.environ, CG_MOUNT=_cgroup.cgroup2_mount() or "")
+    async with trio_procown.open_owned_command(py(NESTED_CGROUP), domain="cgroup", env=env, grace=2.0) as run:
+        async for line in run.lines():
+            if line.startswith("cgroup "):
+                break
+        receipt = await run.terminate()
+    (member,) = pids_in(run.stdout)
+    child = run.stdout.decode().split("cgroup ", 1)[1].split()[0]
+    assert not alive(member)
+    assert not os.path.exists(child)
+    assert not os.path.exists(receipt.domain_id)
+    assert (receipt.forced, receipt.domain_empty, receipt.census, receipt.escaped) == (False, True, (), ())
+    assert any("1 other member" in s.detail for s in receipt.steps), receipt.steps
+    assert any("1 child cgroup" in c for c in receipt.claims()), receipt.claims()
+
+
+@needs_cgroup
+@pytest.mark.timeout(30)
+async def test_a_leader_that_never_entered_its_cgroup_is_said_and_judged_by_its_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A placement shim that does not enter the cgroup: the receipt says placement FAILED and falls
+    back to process-group evidence instead of claiming the (empty) cgroup proves anything."""
+    monkeypatch.setattr(_cgroup, "shim_argv", lambda procs, argv: list(argv))
+    async with trio_procown.open_owned_command(
+        "sleep 30 & echo ready; sleep 30", domain="cgroup", timeout=0.5, grace=1.0
+    ) as run:
+        await run.wait()
+    r = run.receipt
+    assert r is not None
+    assert r.domain == "process-group"
+    assert r.domain_id == f"pgid {r.pid}"
+    placement = [s for s in r.steps if s.target == "placement"]
+    assert placement
+    assert "FAILED" in placement[0].detail
+    assert any("placement" in c for c in r.claims())
+    assert r.domain_empty
+    assert r.returncode is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -128,6 +129,40 @@ async def test_stdin_from_path(tmp_path: object) -> None:
     assert result.stdout == b"from a file\n"
 
 
+async def test_stdin_from_open_fd_shares_its_offset(tmp_path: object) -> None:
+    """stdin as an open fd: inherited as is, reading on from (and moving) its offset; it stays open."""
+    path = os.path.join(str(tmp_path), "in.txt")
+    with open(path, "wb") as f:
+        f.write(b"abcdef")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.read(fd, 3) == b"abc"
+        result = await trio_procown.run_owned(["cat"], stdin=fd)
+        assert result.stdout == b"def"
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 6  # the same open file description
+    finally:
+        os.close(fd)  # still ours: closing it again would raise EBADF
+    with open(path, "rb", buffering=0) as raw:
+        assert raw.read(2) == b"ab"
+        result = await trio_procown.run_owned(["cat"], stdin=raw)
+        assert result.stdout == b"cdef"
+        assert not raw.closed
+
+
+async def test_stdin_fd_that_is_not_open_raises_before_spawning() -> None:
+    """A closed or negative stdin fd raises at once (EBADF / ValueError), and no command is started."""
+    r, w = os.pipe()
+    os.close(r)
+    os.close(w)
+    with pytest.raises(OSError, match=os.strerror(errno.EBADF)) as info:
+        await trio_procown.run_owned(["cat"], stdin=r)
+    assert info.value.errno == errno.EBADF
+    with pytest.raises(ValueError, match="file descriptor"):
+        await trio_procown.run_owned(["cat"], stdin=-1)
+    with pytest.raises(TypeError):
+        await trio_procown.run_owned(["cat"], stdin=True)
+
+
 async def test_stdin_from_receive_stream() -> None:
     """stdin from a trio ReceiveStream: the feeder copies it through."""
     send, receive = trio.testing.memory_stream_pair()
@@ -212,3 +247,27 @@ async def test_closing_a_lossless_stream_releases_the_command() -> None:
     assert receipt.cause == "exited"
     (stdout,) = [s for s in receipt.streams if s.name == "stdout"]
     assert stdout.captured == 200 * 65536
+
+
+@pytest.mark.parametrize("target", ["devnull", "file"])
+async def test_uncaptured_output_is_not_claimed_complete(target: str, tmp_path: object) -> None:
+    """Nothing captured (devnull, a file): output is "not captured", and claims() says so per stream."""
+    import os
+
+    dest = "devnull" if target == "devnull" else os.path.join(str(tmp_path), "out.txt")
+    result = await trio_procown.run_owned(["sh", "-c", "echo hi; echo err >&2"], stdout=dest, stderr=dest)
+    r = result.receipt
+    assert r.output == "not captured"
+    assert {s.name: s.state for s in r.streams} == {"stdout": "not captured", "stderr": "not captured"}
+    claims = " ".join(r.claims())
+    assert "stdout: not captured" in claims
+    assert "end of output reached" not in claims
+    assert r.to_dict()["output"] == "not captured"
+
+
+async def test_one_captured_stream_decides_the_output_state() -> None:
+    """stdout captured, stderr to devnull: output reflects stdout, and stderr is listed as not captured."""
+    result = await trio_procown.run_owned(["sh", "-c", "echo hi; echo err >&2"], stderr="devnull")
+    r = result.receipt
+    assert r.output == "complete"
+    assert {s.name: s.state for s in r.streams} == {"stdout": "eof", "stderr": "not captured"}

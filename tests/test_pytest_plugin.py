@@ -503,10 +503,20 @@ def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
     try:
         assert pytest_plugin._cookie_scan(token, mark) == {pid: "call"}
         assert pytest_plugin._cookie_scan(token) == {pid: "call"}
-        unsound = pytest_plugin._PidMark(mark.last_pid, mark.tasks, mark.forks - 10**6)
+        # More clones since the mark than pids exist on any Linux (pid_max is at
+        # most PID_MAX_LIMIT = 2**22), so no narrow range can be proven complete.
+        unsound = pytest_plugin._PidMark(last_pid=mark.last_pid, forks=mark.forks - 2**22, tasks=mark.tasks)
         pids, may_be_threads = pytest_plugin._candidate_pids(unsound)
         assert os.getppid() in pids
         assert pid in pids
         assert not may_be_threads
     finally:
         _kill_child(pid)
+
+
+def test_pid_mark_is_keyword_only() -> None:
+    """PidMark fields cannot be passed positionally (their order was once swapped by a caller)."""
+    with pytest.raises(TypeError):
+        pytest_plugin._PidMark(1, 2, 3)  # type: ignore[misc]
+    mark = pytest_plugin._PidMark(last_pid=1, forks=2, tasks=3)
+    assert (mark.last_pid, mark.forks, mark.tasks) == (1, 2, 3)

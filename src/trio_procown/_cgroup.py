@@ -10,14 +10,10 @@
 # Entering the cgroup must happen *before* the command can fork: moving the
 # pid after spawn loses the race to a command that forks at once. The spawn
 # goes through a shim that writes 0 (itself) to the cgroup's cgroup.procs and
-# then execs the command. Preferred is a tiny freestanding C program
-# (_shim/cgroup_shim_tiny.c: raw system calls, no libc, ~0.07 ms per spawn)
-# compiled once per machine into the user's cache directory where a C
-# compiler exists, then a static glibc build of _shim/cgroup_shim.c
-# (~0.35 ms: glibc start-up), and without a compiler a /bin/sh one-liner
-# (~0.6 ms; for a str command it evals the command in the same shell). Both are race-free. preexec_fn
-# would force fork instead of vfork and is unsafe with threads, and
-# clone3(CLONE_INTO_CGROUP) from ctypes skips Python's fork hooks.
+# then execs the command: a freestanding or a glibc C program where a C
+# compiler exists, otherwise a /bin/sh one-liner; all three are race-free.
+# How they are built, what each costs and when a compiled one is trusted:
+# _placement.py.
 #
 # Teardown: SIGTERM and SIGCONT to every pid in cgroup.procs, through pidfds
 # that are kept only for pids still listed after they were opened (so a
@@ -31,33 +27,23 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import os
-import platform
 import secrets
-import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from functools import cache
-from importlib import resources
+
+import trio
 
 from . import _inotify, _pidfd, _procfs
-from ._domain import Domain, DomainUnavailable
-from ._procfs import ProcInfo
+from ._domain import Domain, DomainUnavailable, ProcessGroupDomain, Sent, describe_error, killpg_owned
+from ._leader import Leader
+from ._placement import shim_argv
+from ._procfs import ProcessTable, ProcInfo
 
 ROOT_ENV = "TRIO_PROCOWN_CGROUP_ROOT"
-
-# $1: the cgroup.procs file; $2: the command (str commands only).
-_SHIM_EXEC = (
-    'echo 0 >"$0" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $0" >&2; exit 125; }; exec "$@"'
-)
-_SHIM_EVAL = (
-    'echo 0 >"$1" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $1" >&2; exit 125; }; '
-    '__procown_c=$2; set --; eval "unset __procown_c; $__procown_c"'
-)
 
 _counter = itertools.count()
 
@@ -171,94 +157,6 @@ def _probe(root: str) -> str | None:
             pass
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "trio_procown")
-
-
-def _trusted(path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022 and os.access(path, os.X_OK)
-
-
-# (source file, compiler flags), best first.
-_SHIM_BUILDS = (
-    ("cgroup_shim_tiny.c", ["-O2", "-static", "-nostdlib", "-fno-stack-protector"]),
-    ("cgroup_shim.c", ["-O2", "-static"]),
-    ("cgroup_shim.c", ["-O2"]),
-)
-
-
-@cache
-def compiled_shim() -> str | None:
-    """Path of the compiled C shim, building it on first use; None when no
-    C compiler is available (or TRIO_PROCOWN_SH_SHIM is set)."""
-    if os.environ.get("TRIO_PROCOWN_SH_SHIM"):
-        return None
-    package = resources.files("trio_procown") / "_shim"
-    sources = {name: (package / name).read_bytes() for name, _ in _SHIM_BUILDS}
-    digest = hashlib.sha256(b"".join(sources[n] for n in sorted(sources))).hexdigest()[:16]
-    target = os.path.join(_cache_dir(), f"cgroup_shim-{digest}-{platform.machine()}")
-    if _trusted(target):
-        return target
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        return None
-    try:
-        os.makedirs(_cache_dir(), mode=0o755, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
-            out = os.path.join(tmp, "cgroup_shim")
-            for name, flags in _SHIM_BUILDS:
-                src = os.path.join(tmp, name)
-                with open(src, "wb") as f:
-                    f.write(sources[name])
-                built = subprocess.run(
-                    [cc, *flags, "-o", out, src],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    timeout=60,
-                    check=False,
-                )
-                if built.returncode == 0 and _shim_works(out):
-                    os.chmod(out, 0o755)
-                    os.replace(out, target)
-                    return target
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return None
-
-
-def _shim_works(path: str) -> bool:
-    """Run a freshly built shim once: it must exec a program (it is not
-    asked to move anywhere: /dev/null stands in for cgroup.procs)."""
-    try:
-        done = subprocess.run(
-            [path, os.devnull, "/bin/sh", "-c", "exit 7"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 7
-
-
-def shim_argv(procs: str, argv: Sequence[str]) -> list[str]:
-    """The argv that enters the cgroup of `procs` and then runs `argv`."""
-    shim = compiled_shim()
-    if shim is not None:
-        return [shim, procs, *argv]
-    if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
-        return ["/bin/sh", "-c", _SHIM_EVAL, "sh", procs, argv[2]]
-    return ["/bin/sh", "-c", _SHIM_EXEC, procs, *argv]
-
-
 def unavailable_reason(root: str | None = None) -> str | None:
     """Why the cgroup domain cannot be used here, or None if it can."""
     if not _procfs.IS_LINUX:
@@ -267,17 +165,6 @@ def unavailable_reason(root: str | None = None) -> str | None:
     if root is None:
         return "no cgroup v2 hierarchy is mounted"
     return _probe(os.path.realpath(root))
-
-
-def _killpg_own(pgid: int, sig: int) -> bool:
-    """killpg() for a group we own (never our own group); False if empty."""
-    if pgid <= 1 or pgid == os.getpgrp():
-        return False
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @cache
@@ -297,7 +184,15 @@ def _usable_root(root: str | None) -> str:
 
 
 class CgroupDomain(Domain):
-    """A fresh cgroup v2 child per command (Linux)."""
+    """A fresh cgroup v2 child per command (Linux).
+
+    Members are every process of the cgroup's *subtree*: a command may
+    create child cgroups under its own and move members there (container
+    runtimes, systemd-run, a nested owner), and those stay ours. The leader
+    is verified to have entered the cgroup (placement); when it did not, the
+    domain says so and falls back to the leader's process group for its
+    evidence.
+    """
 
     kind = "cgroup"
 
@@ -306,29 +201,120 @@ class CgroupDomain(Domain):
         self.root = _usable_root(root or default_root())
         self.path = ""
         self._released = False
+        self._group = ProcessGroupDomain()
+        # "pending" until the leader is seen inside the cgroup ("verified"),
+        # seen running the command outside it ("failed"), or seen ended
+        # outside it ("unverified").
+        self.placement = "pending"
+        self.read_failures: list[str] = []
 
     @property
     def ident(self) -> str:
-        return self.path
+        return self._group.ident if self.placement == "failed" else self.path
 
-    def _file(self, name: str) -> str:
-        return os.path.join(self.path, name)
+    def _file(self, name: str, where: str | None = None) -> str:
+        return os.path.join(where or self.path, name)
 
     def prepare(self, argv: Sequence[str]) -> list[str]:
         name = f"procown-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
         self.path = os.path.join(self.root, name)
         os.mkdir(self.path)
-        return shim_argv(self._file("cgroup.procs"), argv)
+        self._procs_file = self._file("cgroup.procs")
+        self._argv = shim_argv(self._procs_file, argv)
+        return self._argv
+
+    def attach(self, leader: Leader, started: float) -> None:
+        super().attach(leader, started)
+        self._group.attach(leader, started)
+
+    # -- placement ---------------------------------------------------------
+    def _cgroup_of(self, pid: int) -> str | None:
+        """The cgroup v2 directory of `pid` (zombies included), or None."""
+        try:
+            with open(f"/proc/{pid}/cgroup", "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        mount = cgroup2_mount()
+        if mount is None:
+            return None
+        for line in lines:
+            if line.startswith(b"0::"):
+                return os.path.normpath(os.path.join(mount, os.fsdecode(line[3:]).lstrip("/")))
+        return None
+
+    def _inside(self, where: str | None) -> bool:
+        if where is None or not self.path:
+            return False
+        own = os.path.normpath(self.path)
+        return where == own or where.startswith(own + os.sep)
+
+    def _still_shim(self, pid: int) -> bool:
+        """Is `pid` still the placement shim (it has not exec'd the command)?"""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            return False
+        return os.fsencode(self._procs_file) in args
+
+    def placement_pending(self) -> bool:
+        return self.placement == "pending"
+
+    def verify(self) -> str:
+        """Check that the leader entered the cgroup; describe a failure."""
+        if self.placement != "pending" or self.leader is None:
+            return ""
+        where = self._cgroup_of(self.leader.pid)
+        if self._inside(where):
+            self.placement = "verified"
+            return ""
+        alive = self.leader.alive
+        if alive and self._still_shim(self.leader.pid):
+            return ""  # not there yet: a teardown that started very early
+        if not alive:
+            # It ended outside (or where we cannot read): before entering,
+            # as the shim, or after a placement that failed. Members, if any,
+            # are in its process group: emptiness is judged by that as well.
+            self.placement = "unverified"
+            return (
+                f"placement NOT verified: the leader (pid {self.leader.pid}) ended outside "
+                f"cgroup {self.path} (in {where or 'an unreadable cgroup'}); "
+                "its process group is checked as well"
+            )
+        self.placement = "failed"
+        self.kind = "process-group"
+        return (
+            f"placement FAILED: the leader (pid {self.leader.pid}) runs outside cgroup {self.path} "
+            f"(in {where}); falling back to the evidence of process group {self._group.pgid}"
+        )
+
+    # -- members -----------------------------------------------------------
+    def _cgroups(self) -> list[str]:
+        """The cgroup and its descendants, deepest first."""
+        found = []
+        try:
+            for top, _dirs, _files in os.walk(self.path, topdown=False):
+                found.append(top)
+        except OSError:
+            pass
+        return found or [self.path]
 
     def _pids(self) -> list[int]:
-        try:
-            with open(self._file("cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            return []
+        pids: list[int] = []
+        for where in self._cgroups():
+            try:
+                with open(self._file("cgroup.procs", where)) as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                self.read_failures.append(f"reading {where}/cgroup.procs: {exc}")
         return pids
 
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        if self.placement == "failed":
+            return self._group.members(snap)
         if self._unpopulated():
             return []
         leader_pid = self.leader.pid if self.leader else None
@@ -342,40 +328,46 @@ class CgroupDomain(Domain):
                 self.seen[pid] = info.start
         return found
 
+    def pgid_inside(self) -> int:
+        return self._group.pgid if self.placement == "failed" else -1
+
     def contains(self, pid: int) -> bool:
         # /proc/PID/cgroup names the process's own cgroup: exact for that
         # process, unlike a cgroup.procs listing read at another moment.
-        try:
-            with open(f"/proc/{pid}/cgroup", "rb") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return False
-        mount = cgroup2_mount()
-        if mount is None:
-            return False
-        for line in lines:
-            if line.startswith(b"0::"):
-                where = os.path.join(mount, os.fsdecode(line[3:]).lstrip("/"))
-                return os.path.normpath(where) == os.path.normpath(self.path)
-        return False
+        if self.placement == "failed":
+            return self._group.contains(pid)
+        return self._inside(self._cgroup_of(pid))
 
+    # -- signals -----------------------------------------------------------
     # The leader is signalled through its own pidfd as well, and first: until
     # the shim has written itself into cgroup.procs (a teardown can start that
     # early, e.g. timeout=0) it is not listed, and it forks only after it is.
 
-    def signal_graceful(self) -> str:
+    def signal_graceful(self) -> Sent:
         # Most members share the leader's process group: signal it as one
         # (atomic against a member forking meanwhile; safe because the leader
         # is unreaped, so its pid, the pgid, cannot be recycled). Members
-        # that left the group get the signal one by one, each exactly once.
+        # that left the group, or sit in a descendant cgroup, get the signal
+        # one by one, each exactly once. Every refusal is recorded and the
+        # next target is still tried.
         assert self.leader is not None
+        if self.placement == "failed":
+            return self._group.signal_graceful()
         pgid = self.leader.pid
-        grouped = _killpg_own(pgid, signal.SIGTERM)
-        if grouped:
-            _killpg_own(pgid, signal.SIGCONT)
-        else:  # the leader may not have reached its group yet
-            self.leader.signal(signal.SIGTERM)
-            self.leader.signal(signal.SIGCONT)
+        failed: list[str] = []
+        grouped = False
+        try:
+            grouped = killpg_owned(pgid, signal.SIGTERM)
+            if grouped:
+                killpg_owned(pgid, signal.SIGCONT)
+        except OSError as exc:
+            failed.append(f"process group {pgid}: {describe_error(exc)}")
+        if not grouped:  # the leader may not have reached its group yet
+            try:
+                if self.leader.signal(signal.SIGTERM):
+                    self.leader.signal(signal.SIGCONT)
+            except OSError as exc:
+                failed.append(f"leader {pgid}: {describe_error(exc)}")
         listed = [p for p in self._pids() if p != pgid]
         outside = []
         for pid in listed:
@@ -385,43 +377,81 @@ class CgroupDomain(Domain):
             self.seen[pid] = info.start
             if not (grouped and info.pgrp == pgid):
                 outside.append(pid)
-        fds = {pid: _pidfd.open_pidfd(pid) for pid in outside}
+        sent = self._send_each(outside, (signal.SIGTERM, signal.SIGCONT), failed)
+        return Sent(
+            f"SIGTERM+SIGCONT to process group {pgid} and to {sent} other member(s) of cgroup {self.path}",
+            "; ".join(failed),
+            grouped or sent > 0,
+        )
+
+    def _send_each(self, pids: list[int], sigs: tuple[int, ...], failed: list[str]) -> int:
+        """Signal each pid through a pidfd kept only if the pid is still
+        listed after opening it (never a recycled pid); count reached."""
+        fds: dict[int, int | None] = {}
+        for pid in pids:
+            try:
+                fds[pid] = _pidfd.open_pidfd(pid)
+            except OSError as exc:
+                failed.append(f"pid {pid}: {describe_error(exc)}")
         still = set(self._pids())
         sent = 0
         for pid, fd in fds.items():
             if fd is None:
                 continue
             try:
-                if pid in still and _pidfd.send(fd, signal.SIGTERM):
-                    _pidfd.send(fd, signal.SIGCONT)
+                if pid in still and _pidfd.send(fd, sigs[0]):
+                    for sig in sigs[1:]:
+                        _pidfd.send(fd, sig)
                     sent += 1
+            except OSError as exc:
+                failed.append(f"pid {pid}: {describe_error(exc)}")
             finally:
                 _pidfd.close(fd)
-        return f"SIGTERM+SIGCONT to process group {pgid} and to {sent} other member(s) of cgroup {self.path}"
+        return sent
 
-    def force(self) -> str:
+    def force(self) -> Sent:
         assert self.leader is not None
-        self.leader.signal(signal.SIGKILL)
+        if self.placement == "failed":
+            return self._group.force()
+        failed: list[str] = []
+        try:
+            self.leader.signal(signal.SIGKILL)
+        except OSError as exc:
+            failed.append(f"leader {self.leader.pid}: {describe_error(exc)}")
         try:
             with open(self._file("cgroup.kill"), "w") as f:
                 f.write("1")
         except FileNotFoundError:
-            # Kernels before 5.14 have no cgroup.kill: kill member by member.
-            for pid in self._pids():
-                fd = _pidfd.open_pidfd(pid)
-                if fd is not None:
-                    if pid in self._pids():
-                        _pidfd.send(fd, signal.SIGKILL)
-                    _pidfd.close(fd)
-            return f"SIGKILL to each member of cgroup {self.path} (no cgroup.kill)"
-        return f"SIGKILL to cgroup {self.path} via cgroup.kill"
+            if os.path.isdir(self.path):
+                # Kernels before 5.14 have no cgroup.kill: kill member by member.
+                sent = self._send_each(self._pids(), (signal.SIGKILL,), failed)
+                return Sent(
+                    f"SIGKILL to {sent} member(s) of cgroup {self.path} (no cgroup.kill)", "; ".join(failed)
+                )
+            failed.append(f"cgroup {self.path} is gone")
+        except OSError as exc:
+            failed.append(f"cgroup.kill: {describe_error(exc)}")
+            # The write was refused: still try every member one by one.
+            sent = self._send_each(self._pids(), (signal.SIGKILL,), failed)
+            return Sent(
+                f"SIGKILL to {sent} member(s) of cgroup {self.path} (cgroup.kill refused)",
+                "; ".join(failed),
+            )
+        return Sent(f"SIGKILL to cgroup {self.path} via cgroup.kill", "; ".join(failed))
 
+    # -- emptiness ---------------------------------------------------------
     def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
+        if self.placement == "failed":
+            return self._group.is_empty(snap)
         if self.leader is not None and self.leader.alive:
             return False
+        if self.placement != "verified" and not self._group.is_empty(snap):
+            return False  # placement unproven: the process group must be empty too
         return self._unpopulated()
 
     def _unpopulated(self) -> bool:
+        """True only when cgroup.events says "populated 0" (or the cgroup is
+        gone); a file we cannot read proves nothing."""
         try:
             with open(self._file("cgroup.events")) as f:
                 for line in f:
@@ -429,16 +459,27 @@ class CgroupDomain(Domain):
                     if key == "populated":
                         return value.strip() == "0"
         except FileNotFoundError:
-            return True
+            return not os.path.isdir(self.path)
+        except OSError as exc:
+            self.read_failures.append(f"reading cgroup.events: {exc}")
         return False
 
-    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> None:
+    async def wait_empty(self, hint: list[ProcInfo] | None = None) -> ProcessTable | None:
         assert self.leader is not None
+        if self.placement == "failed":
+            return await self._group.wait_empty(hint)
         await self.leader.wait()
+        await trio.lowlevel.checkpoint()  # the bound (the caller's scope) can always fire
         if self._unpopulated():
             return None
-        inotify = _inotify.shared()
-        wd = inotify.add(self._file("cgroup.events"))
+        try:
+            inotify = _inotify.shared()
+            wd = inotify.add(self._file("cgroup.events"))
+        except OSError:
+            # No inotify (ENOSPC: the watch limit, EMFILE): poll instead;
+            # the caller's cancel scope bounds it.
+            await _pidfd.poll_until(self._unpopulated)
+            return None
         try:
             while True:
                 changed = inotify.event(wd)
@@ -449,18 +490,31 @@ class CgroupDomain(Domain):
             inotify.remove(wd)
 
     def release(self) -> str:
+        """Remove the cgroup and any child cgroups the command made, deepest
+        first; say exactly what was and was not removed, and why."""
         if self._released or not self.path:
             return ""
-        try:
-            os.rmdir(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.EBUSY:
-                return f"cgroup {self.path} NOT removed: still populated"
-            return f"cgroup {self.path} NOT removed: {exc.strerror}"
-        self._released = True
-        return f"removed cgroup {self.path}"
+        removed: list[str] = []
+        kept: list[str] = []
+        for where in self._cgroups():
+            try:
+                os.rmdir(where)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                why = "still populated" if exc.errno == errno.EBUSY else describe_error(exc)
+                kept.append(f"{where} ({why})")
+                continue
+            removed.append(where)
+        self._released = not kept
+        nested = len(removed) - (0 if kept or not removed else 1)
+        if not kept:
+            extra = f" and {nested} child cgroup(s) the command created" if nested > 0 else ""
+            return f"removed cgroup {self.path}{extra}"
+        text = f"cgroup NOT removed: {', '.join(kept)}"
+        if removed:
+            text += f"; removed {', '.join(removed)}"
+        return text
 
     def abort_spawn(self) -> None:
         if self.path:

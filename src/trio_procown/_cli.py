@@ -34,8 +34,13 @@
 # each pump counts what it passed on; if that is ever less than the receipt
 # says was read (a drain abandoned at teardown, say), procown says how many
 # bytes were not passed on and exits 125 rather than pass a gap for success.
-# procown's stdin is passed to the command by path (/dev/stdin), so the
-# command reads it directly, with no copy and no drain.
+# procown's stdin (fd 0) is inherited by the command as is, as under GNU
+# timeout: the same open file description, so a file offset is shared (in
+# `{ head -c 3 >/dev/null; procown run -- cat; } < f` cat reads on from byte
+# 3), with no copy and no drain. Reopening it by path (/dev/stdin) would
+# start a regular file over at byte 0. A closed fd 0 gives the command
+# /dev/null; that is decided before procown opens anything that could take
+# fd 0.
 #
 # Argument errors print one line (`procown: error: ...`) and exit 125.
 
@@ -306,6 +311,7 @@ def _say(text: str) -> None:
 
 def run_command(options: RunOptions) -> int:
     """`procown run`: run the command owned; return the exit status."""
+    stdin = _stdin()  # first: anything opened while fd 0 is closed would become fd 0
     if options.cwd is not None and not os.path.isdir(options.cwd):
         msg = f"--cwd {options.cwd!r} is not a directory"
         raise CliError(msg)
@@ -320,7 +326,7 @@ def run_command(options: RunOptions) -> int:
             msg = f"cannot write the receipt to {receipt_to!r}: {exc.strerror or exc}"
             raise CliError(msg) from None
     try:
-        status, receipt = trio.run(_run, options)
+        status, receipt = trio.run(_run, options, stdin)
     except BaseException:
         if receipt_file is not None:
             receipt_file.close()
@@ -400,18 +406,18 @@ async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: _Stopper) ->
         stopper.stop(signal.SIGPIPE)
 
 
-async def _run(options: RunOptions) -> tuple[int, Receipt | None]:
+async def _run(options: RunOptions, stdin: int | None) -> tuple[int, Receipt | None]:
     stopper = _Stopper()
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
             try:
-                return await _own(options, stopper)
+                return await _own(options, stopper, stdin)
             finally:
                 nursery.cancel_scope.cancel()
 
 
-async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | None]:
+async def _own(options: RunOptions, stopper: _Stopper, stdin: int | None) -> tuple[int, Receipt | None]:
     run: OwnedCommand | None = None
     sinks = {"stdout": _Sink(sys.stdout), "stderr": _Sink(sys.stderr)}
     forwarding = trio.CancelScope()
@@ -426,7 +432,7 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
                         timeout=options.timeout,
                         grace=options.grace,
                         kill_wait=options.kill_wait,
-                        stdin=_stdin(),
+                        stdin=stdin,
                         cwd=options.cwd,
                         domain=options.domain,
                         escapees=options.escapees,
@@ -486,14 +492,14 @@ async def _own(options: RunOptions, stopper: _Stopper) -> tuple[int, Receipt | N
     return status, receipt
 
 
-def _stdin() -> str | None:
-    """Pass procown's stdin to the command when it can be reopened."""
+def _stdin() -> int | None:
+    """procown's stdin for the command to inherit as is (fd 0, its offset
+    shared), or None (``/dev/null``) when fd 0 is closed."""
     try:
-        fd = os.open("/dev/stdin", os.O_RDONLY | os.O_CLOEXEC)
+        os.fstat(0)
     except OSError:
         return None
-    os.close(fd)
-    return "/dev/stdin"
+    return 0
 
 
 def _reason(exc: OSError) -> str:

@@ -41,19 +41,29 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict, Unpack, final
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, Unpack, final
 
 import trio
 from trio_util import AsyncValue
 
 from . import _procfs
 from ._census import COOKIE_VAR, Census, EscapeePolicy
-from ._domain import Domain
+from ._domain import Domain, Sent, describe_error
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, Drain, lines
 from ._escalation import Budgets, Do, Escalation, Event
+from ._fates import Fates
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
-from ._receipt import Action, Cause, HandoffReceipt, ProcessRecord, Receipt, Step, StreamRecord
+from ._receipt import (
+    Action,
+    Cause,
+    HandoffReceipt,
+    OutputState,
+    ProcessRecord,
+    Receipt,
+    Step,
+    StreamRecord,
+)
 from ._select import DomainChoice, make_domain
 from ._stdin import Feeder, StdinSource
 
@@ -93,11 +103,14 @@ Command: TypeAlias = "str | Sequence[str | os.PathLike[str]]"
 def _check_budget(name: str, value: float | None, *, optional: bool = False) -> None:
     if value is None and optional:
         return
+    if optional and value == math.inf:
+        return  # timeout=inf: no deadline of its own, like None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         msg = f"{name} must be a number of seconds, not {value!r}"
         raise TypeError(msg)
-    if math.isnan(value) or value < 0:
-        msg = f"{name} must be a non-negative number of seconds, not {value!r}"
+    if math.isnan(value) or value < 0 or math.isinf(value):
+        # inf would make the teardown unbounded: every budget has a bound.
+        msg = f"{name} must be a finite, non-negative number of seconds, not {value!r}"
         raise ValueError(msg)
 
 
@@ -138,7 +151,7 @@ class OwnedCommand:
 
     Synopsis::
 
-        async with trio_procown.open_owned_command(["make"]) as run:
+        async with trio_procown.open_owned_command(["sh", "-c", "echo building; sleep 0.1"]) as run:
             print(run.pid, run.phase.value)
             receipt = await run.wait()
         print(run.stdout, run.receipt)
@@ -171,7 +184,9 @@ class OwnedCommand:
         self._final_table: ProcessTable | None = None
         self._done = trio.Event()
         self._steps: list[Step] = []
-        self._leftovers: dict[int, ProcessRecord] = {}
+        self._leftovers: set[int] = set()  # members that outlived a leader that exited
+        self._fates = Fates()
+        self._targets: dict[str, str] = {}  # where each uncaptured stream goes
         self._subreaper = False
 
     # -- public surface -------------------------------------------------------
@@ -213,7 +228,7 @@ class OwnedCommand:
 
         Synopsis::
 
-            async with trio_procown.open_owned_command(["make"], timeout=60) as run:
+            async with trio_procown.open_owned_command(["sh", "-c", "echo building"], timeout=60) as run:
                 receipt = await run.wait()
             print(receipt.cause, receipt.returncode)
         """
@@ -227,8 +242,8 @@ class OwnedCommand:
 
         Synopsis::
 
-            async with trio_procown.open_owned_command(["server"]) as run:
-                ...
+            async with trio_procown.open_owned_command(["sleep", "30"]) as run:
+                ...  # runs until terminated
                 receipt = await run.terminate()
         """
         self._request_stop("stopped")
@@ -247,8 +262,10 @@ class OwnedCommand:
         Synopsis::
 
             async with trio_procown.open_service_owner() as owner:
-                async with trio_procown.open_owned_command(["db-server"]) as run:
-                    await wait_until_ready(run)
+                server = [sys.executable, "-m", "http.server", "8123"]
+                async with trio_procown.open_owned_command(server) as run:
+                    with trio.fail_after(10):
+                        await trio_procown.ready_port(8123)(run)  # any probe can be awaited
                     await run.hand_off(owner, reason="shared by the whole test session")
                 ...  # the server runs on; the owner's exit stops it
         """
@@ -395,91 +412,133 @@ class OwnedCommand:
         deadline = trio.current_time() + machine.budgets.total + TEARDOWN_ALLOWANCE
         with trio.CancelScope(deadline=deadline, shield=True):
             await self._teardown()
-        if self.receipt is None:
-            # Only when the loop was starved past the teardown's deadline.
-            with trio.CancelScope(deadline=trio.current_time() + CUT_SHORT_WAIT, shield=True):
-                await self._cut_short()
+        try:
             if self.receipt is None:
-                self._finish()
+                # The loop was starved past the teardown's deadline, or an
+                # action failed while writing the receipt.
+                with trio.CancelScope(deadline=trio.current_time() + CUT_SHORT_WAIT, shield=True):
+                    await self._cut_short()
+                if self.receipt is None:
+                    self._finish()
+        except Exception as exc:
+            self._emergency_receipt(exc)
         self.phase.value = "done"
         self._done.set()
         self._own_stopped.set()
 
     async def _teardown(self) -> None:
-        machine = self._machine
-        census = self._census
-        escapees: list[ProcInfo] = []
         if self._feeder is not None:
             self._feeder.scope.cancel()
+        self._verify_placement()
+        machine = self._machine
         action = machine.next_action
         while action is not Do.NOTHING:
-            if action is Do.CHECK_DOMAIN:
-                table = await self._table()
-                live = self._domain.live_members(table.rows)
-                escapees = census.scan(self._domain, table)
-                self._step(
-                    Action.SCAN,
-                    "domain",
-                    f"{len(live)} live member(s) after the leader exited; "
-                    f"census: {len(escapees)} outside the domain",
-                )
-                for info in live:
-                    self._leftovers[info.pid] = ProcessRecord(info.pid, _procfs.cmdline(info.pid))
-                owned_escapees = escapees if census.policy == "terminate" else []
-                event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
-                if event is Event.EMPTY and not escapees:
-                    self._final_table = table
-                action = machine.handle(event)
-            elif action is Do.SIGNAL_GRACEFUL:
-                # Signal first: the scan costs milliseconds. The scan then
-                # serves both the census and, as a hint of whom to wait
-                # for, the domain's wait.
-                detail = self._domain.signal_graceful()
-                self._step(Action.SIGNAL, "domain", detail)
-                table = await self._table()
-                escapees = census.scan(self._domain, table)
-                if escapees and census.policy == "terminate":
-                    n = census.signal(escapees, (signal.SIGTERM, signal.SIGCONT))
-                    self._step(Action.SIGNAL, "escapees", f"SIGTERM+SIGCONT to {n} census escapee(s)")
-                emptied = await self._wait_empty(
-                    escapees, machine.budget(), "grace", (signal.SIGTERM, signal.SIGCONT), table.rows
-                )
-                action = machine.handle(emptied)
-            elif action is Do.SIGNAL_FORCE:
-                detail = self._domain.force()
-                self._step(Action.SIGNAL, "domain", detail)
-                if census.policy == "terminate":
-                    escapees = census.scan(self._domain, await self._table())
-                    if escapees:
-                        n = census.signal(escapees, (signal.SIGKILL,))
-                        self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
-                emptied = await self._wait_empty(escapees, machine.budget(), "kill_wait", (signal.SIGKILL,))
-                action = machine.handle(emptied)
-            elif action is Do.WAIT_DRAIN:
-                budget = machine.budget()
-                with trio.move_on_after(budget) as scope:
-                    for drain in self._drains.values():
-                        await drain.done.wait()
-                outcome = "expired" if scope.cancelled_caught else "eof"
-                self._step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
-                action = machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
-            elif action is Do.ABANDON_DRAIN:
-                for drain in self._drains.values():
-                    if not drain.done.is_set():
-                        drain.abandon()
-                        self._step(
-                            Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned"
-                        )
+            try:
+                action = await self._perform(action)
+            except Exception as exc:
+                # An action the OS refused in a way no stage foresaw (or a
+                # bug): it is evidence, never a reason to skip a stage or a
+                # bound. Go on as if the stage's wait had expired.
+                self._step(Action.ERROR, "teardown", f"{action.name}: {type(exc).__name__}: {exc}", "failed")
+                if action is Do.REAP:
+                    return  # _own writes the receipt from what is seen
+                if action is Do.ABANDON_DRAIN:
+                    action = Do.REAP
+                else:
+                    pessimistic = Event.NOT_EMPTY if action is Do.CHECK_DOMAIN else Event.EXPIRED
+                    action = machine.handle(pessimistic)
+
+    def _verify_placement(self) -> None:
+        try:
+            problem = self._domain.verify()
+        except OSError as exc:
+            problem = f"placement could not be checked: {describe_error(exc)}"
+        if problem:
+            self._step(Action.SCAN, "placement", problem, "not verified")
+
+    async def _perform(self, action: Do) -> Do:
+        """Perform one action of the machine; return the next one."""
+        machine = self._machine
+        census = self._census
+        if action is Do.CHECK_DOMAIN:
+            table = await self._table()
+            live = self._domain.live_members(table.rows)
+            escapees = census.scan(self._domain, table)
+            self._step(
+                Action.SCAN,
+                "domain",
+                f"{len(live)} live member(s) after the leader exited; "
+                f"census: {len(escapees)} outside the domain",
+            )
+            for info in live:
+                self._fates.watch(info)
+                self._leftovers.add(info.pid)
+            owned_escapees = escapees if census.policy == "terminate" else []
+            event = Event.NOT_EMPTY if live or owned_escapees else Event.EMPTY
+            if event is Event.EMPTY and not escapees:
+                self._final_table = table
+            return machine.handle(event)
+        if action is Do.SIGNAL_GRACEFUL:
+            # Signal first: the scan costs milliseconds. The scan then
+            # serves both the census and, as a hint of whom to wait for,
+            # the domain's wait.
+            sigs = (signal.SIGTERM, signal.SIGCONT)
+            self._fates.before_signal(None, kill=False)
+            self._signal_step("domain", self._domain.signal_graceful())
+            table = await self._table()
+            escapees = census.scan(self._domain, table)
+            if escapees and census.policy == "terminate":
+                self._signal_escapees(escapees, sigs)
+            emptied = await self._wait_empty(escapees, machine.budget(), "grace", sigs, table.rows)
+            return machine.handle(emptied)
+        if action is Do.SIGNAL_FORCE:
+            self._force()
+            escapees = []
+            if census.policy == "terminate":
+                escapees = census.scan(self._domain, await self._table())
+                if escapees:
+                    self._signal_escapees(escapees, (signal.SIGKILL,))
+            emptied = await self._wait_empty(escapees, machine.budget(), "kill_wait", (signal.SIGKILL,))
+            return machine.handle(emptied)
+        if action is Do.WAIT_DRAIN:
+            budget = machine.budget()
+            with trio.move_on_after(budget) as scope:
                 for drain in self._drains.values():
                     await drain.done.wait()
-                action = Do.REAP
-            elif action is Do.REAP:
-                final, self._final_table = self._final_table, None
-                self._finish(final if final is not None else await self._table())
-                action = machine.handle(Event.REAPED)
-            else:  # pragma: no cover - the machine has no other actions here
-                msg = f"unexpected action {action!r}"
-                raise AssertionError(msg)
+            outcome = "expired" if scope.cancelled_caught else "eof"
+            self._step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
+            return machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
+        if action is Do.ABANDON_DRAIN:
+            for drain in self._drains.values():
+                if not drain.done.is_set():
+                    drain.abandon()
+                    self._step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
+            for drain in self._drains.values():
+                await drain.done.wait()
+            return Do.REAP
+        if action is Do.REAP:
+            final, self._final_table = self._final_table, None
+            self._finish(final if final is not None else await self._table())
+            return machine.handle(Event.REAPED)
+        msg = f"unexpected action {action!r}"  # pragma: no cover - the machine has no other actions
+        raise AssertionError(msg)
+
+    def _signal_step(self, target: str, sent: Sent, note: str = "") -> None:
+        self._step(Action.SIGNAL, target, sent.detail, f"failed: {sent.failed}" if sent.failed else note)
+
+    def _force(self, note: str = "") -> None:
+        """SIGKILL to the domain, whatever the OS answers."""
+        self._fates.before_signal(None, kill=True)
+        self._signal_step("domain", self._domain.force(), note)
+
+    def _signal_escapees(self, escapees: list[ProcInfo], sigs: tuple[int, ...]) -> None:
+        census = self._census
+        before = len(census.failures)
+        n = census.signal(escapees, sigs)
+        names = "+".join(signal.Signals(s).name for s in sigs)
+        failed = census.failures[before:]
+        outcome = f"failed: {'; '.join(failed)}" if failed else ""
+        self._step(Action.SIGNAL, "escapees", f"{names} to {n} census escapee(s)", outcome)
 
     async def _wait_empty(
         self,
@@ -513,9 +572,7 @@ class OwnedCommand:
                     break
                 fresh = census.unsignalled(owned)
                 if fresh:
-                    n = census.signal(fresh, sigs)
-                    names = "+".join(signal.Signals(s).name for s in sigs)
-                    self._step(Action.SIGNAL, "escapees", f"{names} to {n} census escapee(s)")
+                    self._signal_escapees(fresh, sigs)
         outcome = "expired" if scope.cancelled_caught else "empty"
         self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
@@ -528,15 +585,18 @@ class OwnedCommand:
         machine = self._machine
         if not machine.forced:
             machine.forced = True
-            self._step(Action.SIGNAL, "domain", self._domain.force(), "teardown deadline expired")
+            self._force("teardown deadline expired")
             if self._census.policy == "terminate":
                 table = ProcessTable(_procfs.snapshot(self._leader.mark))
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
-                    n = self._census.signal(escapees, (signal.SIGKILL,))
-                    self._step(Action.SIGNAL, "escapees", f"SIGKILL to {n} census escapee(s)")
+                    self._signal_escapees(escapees, (signal.SIGKILL,))
         with trio.move_on_after(CUT_SHORT_WAIT) as scope:
-            await self._domain.wait_empty()
+            try:
+                await self._domain.wait_empty()
+            except Exception as exc:
+                self._step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
+                await trio.sleep_forever()  # the bound above ends it
         outcome = "expired" if scope.cancelled_caught else "empty"
         self._step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
         self._finish()
@@ -555,6 +615,8 @@ class OwnedCommand:
         for drain in self._drains.values():
             if not drain.done.is_set():
                 drain.abandon()
+        if self._domain.placement_pending():
+            self._verify_placement()  # the leader is a zombie now: its cgroup still shows
         members = domain.members(table.rows)
         live = [m for m in members if not m.zombie]
         zombies = [m for m in members if m.zombie]
@@ -573,34 +635,25 @@ class OwnedCommand:
             zombies = [z for z in zombies if _procfs.read_stat(z.pid) is not None]
         domain_empty = domain.is_empty(table.rows)
         escaped = self._census.scan(domain, table)
+        leader_alive = leader.alive
         if leader.reap():
             self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
         else:
-            self._step(Action.REAP, "leader", "still alive: left to subprocess's reaper", "not reaped")
+            leader.defer()
+            self._step(Action.REAP, "leader", "still alive: reaped later, at a later spawn", "not reaped")
         released = domain.release()
         if released:
-            self._step(Action.RELEASE, "domain", released)
-        fates = {}
-        for pid, rec in self._leftovers.items():
-            alive = any(m.pid == pid for m in live)
-            fates[pid] = ProcessRecord(
-                pid, rec.cmdline, "alive" if alive else ("killed" if machine.forced else "terminated")
-            )
-        streams = []
-        truncated = False
-        for drain in self._drains.values():
-            cap = drain.capture
-            truncated |= cap.dropped > 0
-            state: Literal["eof", "abandoned"] = "eof" if drain.eof else "abandoned"
-            streams.append(StreamRecord(drain.name, state, cap.total, cap.kept, cap.dropped))
-        output = machine.output or (
-            "abandoned" if any(d.abandoned for d in self._drains.values()) else "complete"
-        )
-        if output == "complete" and truncated:
-            output = "truncated"
-        census_records = tuple(
-            rec for rec in self._census.records() if rec.pid not in {e.pid for e in escaped}
-        )
+            outcome = "not removed" if "NOT removed" in released else "removed"
+            self._step(Action.RELEASE, "domain", released, outcome)
+        streams, output = self._output_record()
+        still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live]
+        if leader_alive:
+            still.insert(0, ProcessRecord(leader.pid, _procfs.cmdline(leader.pid), "alive (the leader)"))
+        escaped_pids = {e.pid for e in escaped}
+        census = self._census
+        extras: dict[str, Any] = {}
+        if reaped_orphans:
+            extras["reaped_orphans"] = reaped_orphans
         self.receipt = Receipt(
             cause=machine.cause or "error",
             returncode=leader.returncode,
@@ -613,14 +666,72 @@ class OwnedCommand:
             command=self.command,
             pid=leader.pid,
             domain_id=domain.ident,
-            leftovers=tuple(fates[p] for p in sorted(fates)),
+            leftovers=tuple(self._fates.record(p) for p in sorted(self._leftovers)),
             unreaped=tuple(ProcessRecord(z.pid, "", "zombie") for z in zombies),
-            census=census_records,
-            still_seen=tuple(ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live),
-            streams=tuple(streams),
-            escapee_policy=self._census.policy,
+            census=tuple(rec for rec in census.records() if rec.pid not in escaped_pids),
+            still_seen=tuple(still),
+            streams=streams,
+            escapee_policy=census.policy,
+            census_scanned=not census.unreadable,
+            census_unreadable=len(census.unreadable),
             duration=self._lived(),
-            extras={"reaped_orphans": reaped_orphans} if reaped_orphans else {},
+            extras=extras,
+        )
+
+    def _output_record(self) -> tuple[tuple[StreamRecord, ...], OutputState]:
+        """Each stream's record, and the output state they add up to."""
+        streams = []
+        truncated = False
+        for name in ("stdout", "stderr"):
+            drain = self._drains.get(name)
+            if drain is None:
+                target = self._targets.get(name, "")
+                if target != "merged into stdout":  # then its bytes are stdout's record
+                    streams.append(StreamRecord(name, "not captured", 0, 0, 0, target))
+                continue
+            cap = drain.capture
+            truncated |= cap.dropped > 0
+            state: Literal["eof", "abandoned"] = "eof" if drain.eof else "abandoned"
+            streams.append(StreamRecord(name, state, cap.total, cap.kept, cap.dropped, "capture"))
+        output: OutputState
+        if not self._drains:
+            output = "not captured"
+        elif self._machine.output == "abandoned" or any(d.abandoned for d in self._drains.values()):
+            output = "abandoned"
+        else:
+            output = "truncated" if truncated else "complete"
+        return tuple(streams), output
+
+    def _emergency_receipt(self, exc: BaseException) -> None:
+        """The last resort when writing the receipt itself failed: a receipt
+        that claims nothing it has not seen (domain not proven empty)."""
+        self._step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
+        leader = self._leader
+        try:
+            if not leader.reap():
+                leader.defer()
+            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+        except Exception:
+            leader.defer()
+        try:
+            released = self._domain.release()
+            if released:
+                self._step(Action.RELEASE, "domain", released)
+        except Exception as error:
+            self._step(Action.ERROR, "domain", f"release: {type(error).__name__}: {error}", "failed")
+        returncode = leader.returncode
+        self.receipt = Receipt(
+            cause=self._machine.cause or "error",
+            returncode=returncode,
+            domain=self._domain.kind,
+            forced=self._machine.forced,
+            domain_empty=False,
+            output="abandoned" if self._drains else "not captured",
+            steps=tuple(self._steps),
+            command=self.command,
+            pid=self._leader.pid,
+            domain_id=self._domain.ident,
+            duration=self._lived(),
         )
 
 
@@ -668,7 +779,8 @@ async def open_owned_command(
     The teardown takes at most ``grace + kill_wait + drain_wait`` (plus a
     small scheduling allowance) whatever the command does.
 
-    `stdin`: None (``/dev/null``), bytes, a path, or a trio ReceiveStream.
+    `stdin`: None (``/dev/null``), bytes, a path, an open fd or file object
+    (inherited as is, sharing its offset; not closed), or a trio ReceiveStream.
     `stdout` / `stderr`: ``"capture"`` (default), ``"devnull"``, a file path,
     and for stderr also ``"stdout"`` (merged, in order).
     `domain`: ``"auto"``, ``"cgroup"`` or ``"process-group"``.
@@ -678,8 +790,8 @@ async def open_owned_command(
 
     Synopsis::
 
-        with trio.move_on_after(5):
-            async with trio_procown.open_owned_command("make test") as run:
+        with trio.move_on_after(1):
+            async with trio_procown.open_owned_command("sleep 30 & echo early; sleep 30") as run:
                 await run.wait()
         print(run.receipt.cause, run.stdout)
     """
@@ -687,14 +799,14 @@ async def open_owned_command(
     _check_budget("grace", grace)
     _check_budget("kill_wait", kill_wait)
     _check_budget("drain_wait", drain_wait)
-    if not isinstance(max_output, int) or max_output < 0:
+    if not isinstance(max_output, int) or isinstance(max_output, bool) or max_output < 0:
         msg = f"max_output must be a non-negative int, not {max_output!r}"
         raise ValueError(msg)
     for name, target in (("stdout", stdout), ("stderr", stderr)):
         if target == STDOUT and name == "stdout":
             msg = "stdout cannot be merged into itself"
             raise ValueError(msg)
-    census = Census(escapees)
+    census = Census(escapees, Census.inherited(os.environ, env))
     child_env = dict(os.environ if env is None else env)
     child_env[COOKIE_VAR] = census.value
     argv = _resolve_argv(command, cwd, child_env.get("PATH", os.defpath))
@@ -722,6 +834,7 @@ async def open_owned_command(
         out_fd = _output_fd("stdout", stdout, run, max_output, parent_fds, child_fds)
         if stderr == STDOUT:
             err_fd = out_fd
+            run._targets["stderr"] = "merged into stdout"
         else:
             err_fd = _output_fd("stderr", stderr, run, max_output, parent_fds, child_fds)
         spawn_argv = own_domain.prepare(argv)
@@ -804,7 +917,21 @@ def _stdin_fd(
         fd = os.open(os.fspath(stdin), os.O_RDONLY | os.O_CLOEXEC)
         child_fds.append(fd)
         return fd, None, None
-    msg = f"stdin must be None, bytes, a path or a trio ReceiveStream, not {type(stdin).__name__}"
+    if (isinstance(stdin, int) and not isinstance(stdin, bool)) or callable(getattr(stdin, "fileno", None)):
+        # An open fd (or file object) is handed over as a shell's `< file`
+        # would: the child inherits the same open file description, so it
+        # reads from (and moves) the caller's offset. Not reopened, not
+        # dup'd by us, and not closed: the fd stays the caller's.
+        fd = stdin if isinstance(stdin, int) else stdin.fileno()
+        if fd < 0:
+            msg = f"stdin must be an open file descriptor (>= 0), not {fd}"
+            raise ValueError(msg)
+        os.fstat(fd)  # a closed fd raises EBADF here, before anything is started
+        return fd, None, None
+    msg = (
+        "stdin must be None, bytes, a path, an open file descriptor or file object, "
+        f"or a trio ReceiveStream, not {type(stdin).__name__}"
+    )
     raise TypeError(msg)
 
 
@@ -819,6 +946,7 @@ def _output_fd(
         return w
     fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if target == DEVNULL else _open_target(target)
     child_fds.append(fd)
+    run._targets[name] = "devnull" if target == DEVNULL else f"file {os.fspath(target)}"
     return fd
 
 
@@ -829,7 +957,7 @@ class OwnedResult:
 
     Synopsis::
 
-        result = await trio_procown.run_owned(["git", "status"])
+        result = await trio_procown.run_owned(["uname", "-sr"])
         print(result.returncode, result.stdout.decode(), result.receipt.cause)
     """
 
@@ -863,7 +991,7 @@ async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedR
 
     Synopsis::
 
-        result = await trio_procown.run_owned(["pytest", "-q"], timeout=600)
+        result = await trio_procown.run_owned(["ls", "-l"], timeout=60)
         print(result.returncode, result.receipt.cause)
     """
     async with open_owned_command(command, **options) as run:

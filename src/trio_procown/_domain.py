@@ -22,10 +22,12 @@
 from __future__ import annotations
 
 import abc
+import errno
 import functools
 import os
 import signal
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import trio
 
@@ -49,6 +51,23 @@ class DomainUnavailable(RuntimeError):
         except trio_procown.DomainUnavailable as exc:
             print("no cgroup here:", exc)
     """
+
+
+def describe_error(exc: OSError) -> str:
+    """An OSError as its errno name and message: "EPERM (Operation not permitted)"."""
+    name = errno.errorcode.get(exc.errno or 0, "error")
+    return f"{name} ({exc.strerror or exc})"
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What one signalling action of the teardown did, and what the OS
+    refused (`failed`, "" when nothing was). A refusal never stops the
+    teardown: it becomes evidence in the receipt."""
+
+    detail: str
+    failed: str = ""
+    reached: bool = True  # did any signal reach a process of the domain?
 
 
 class Domain(abc.ABC):
@@ -93,12 +112,14 @@ class Domain(abc.ABC):
         """
 
     @abc.abstractmethod
-    def signal_graceful(self) -> str:
-        """Send SIGTERM then SIGCONT to every member; describe what was sent."""
+    def signal_graceful(self) -> Sent:
+        """Send SIGTERM then SIGCONT to every member; describe what was sent.
+        Never raises for a refused signal: that is reported in the result."""
 
     @abc.abstractmethod
-    def force(self) -> str:
-        """Kill every member with SIGKILL; describe what was done."""
+    def force(self) -> Sent:
+        """Kill every member with SIGKILL; describe what was done. Never
+        raises for a refused signal or write: that is reported."""
 
     @abc.abstractmethod
     def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
@@ -112,6 +133,15 @@ class Domain(abc.ABC):
         waited for before the domain is scanned again. Returns the scan that
         showed the domain empty, if one was taken (callers may reuse it).
         """
+
+    def placement_pending(self) -> bool:
+        """True while verify() could not yet decide."""
+        return False
+
+    def verify(self) -> str:
+        """Check that the leader is held by the domain as intended; a
+        sentence for the receipt when it is not (or not provably), else ""."""
+        return ""
 
     def pgid_inside(self) -> int:
         """A process group wholly inside this domain (-1 if none): the
@@ -171,23 +201,29 @@ class ProcessGroupDomain(Domain):
     def _killpg(self, sig: int) -> bool:
         # The leader is unreaped for the whole teardown (see module comment),
         # so the id cannot have been recycled; still refuse our own group.
+        # Raises OSError (EPERM, ...) for the caller to record.
         assert self.leader is not None
-        if self.pgid == os.getpgrp() or self.pgid <= 1 or self.leader.reaped:
-            return False
-        try:
-            os.killpg(self.pgid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return killpg_owned(self.pgid, sig) if not self.leader.reaped else False
 
-    def signal_graceful(self) -> str:
-        sent = self._killpg(signal.SIGTERM)
-        self._killpg(signal.SIGCONT)
-        return f"SIGTERM+SIGCONT to process group {self.pgid}" + ("" if sent else " (no process)")
+    def _send_group(self, sigs: tuple[int, ...]) -> Sent:
+        names = "+".join(signal.Signals(s).name for s in sigs)
+        detail = f"{names} to process group {self.pgid}"
+        sent = False
+        failed = []
+        for sig in sigs:
+            try:
+                sent = self._killpg(sig) or sent
+            except OSError as exc:
+                failed.append(f"{signal.Signals(sig).name}: {describe_error(exc)}")
+        if not sent and not failed:
+            detail += " (no process)"
+        return Sent(detail, "; ".join(failed), sent)
 
-    def force(self) -> str:
-        sent = self._killpg(signal.SIGKILL)
-        return f"SIGKILL to process group {self.pgid}" + ("" if sent else " (no process)")
+    def signal_graceful(self) -> Sent:
+        return self._send_group((signal.SIGTERM, signal.SIGCONT))
+
+    def force(self) -> Sent:
+        return self._send_group((signal.SIGKILL,))
 
     def is_empty(self, snap: list[ProcInfo] | None = None) -> bool:
         assert self.leader is not None
@@ -201,11 +237,24 @@ class ProcessGroupDomain(Domain):
             )
         while True:
             await self.leader.wait()
+            await trio.lowlevel.checkpoint()  # the bound (the caller's scope) can always fire
             table = await _procfs.table_for(self.leader.mark)
             live = self.live_members(table.rows)
             if not live:
                 return table
             await wait_for_processes(live, lambda info: _still_in_group(info, self.pgid))
+
+
+def killpg_owned(pgid: int, sig: int) -> bool:
+    """killpg() for a group we own, never our own group; False if the group
+    has no process. Other errors (EPERM) propagate for the caller to record."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _still_in_group(info: ProcInfo, pgid: int) -> bool:
@@ -224,10 +273,15 @@ async def wait_for_processes(procs: Sequence[ProcInfo], verify: Callable[[ProcIn
     known to name the process we scanned and not a recycled pid.
     """
     for info in procs:
-        fd = _pidfd.open_pidfd(info.pid)
+        try:
+            fd = _pidfd.open_pidfd(info.pid)
+        except OSError:  # EMFILE, say: no handle, so poll instead
+            fd = None
         if fd is None:
-            if not _pidfd.HAVE_PIDFD:
-                await _pidfd.poll_until(functools.partial(_gone, verify, info))
+            # Gone (ESRCH), or no handle could be had: poll while it is
+            # still there (poll_until checkpoints, so a caller's loop
+            # always yields and its cancel scope can fire).
+            await _pidfd.poll_until(functools.partial(_gone, verify, info))
             continue
         try:
             # Most members are gone by the time we look: poll before paying

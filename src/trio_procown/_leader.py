@@ -19,6 +19,23 @@ from typing import Any
 
 from . import _pidfd, _procfs
 
+# Leaders that were still alive when their teardown ended (a process we may
+# not signal, one stuck in uninterruptible sleep): we stay their reaper, and
+# reap them without waiting at each later spawn, so they never linger as
+# zombies for the life of the program and never trip Popen's warning.
+_DEFERRED: set[int] = set()
+
+
+def reap_deferred() -> None:
+    """Reap, without waiting, leaders left alive by an earlier teardown."""
+    for pid in list(_DEFERRED):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _DEFERRED.discard(pid)
+
 
 def status_to_returncode(si_code: int, si_status: int) -> int:
     """Map a waitid() result to subprocess's convention (-N for signal N)."""
@@ -53,6 +70,8 @@ class Leader:
         pass_fds: Sequence[int] = (),
     ) -> Leader:
         """Start `argv` in a new session; raises the OSError the OS gave."""
+        if _DEFERRED:
+            reap_deferred()
         kwargs: dict[str, Any] = {}
         if pass_fds:
             kwargs["pass_fds"] = tuple(pass_fds)
@@ -131,6 +150,16 @@ class Leader:
         self.popen.returncode = self.returncode
         self.close()
         return True
+
+    def defer(self) -> None:
+        """Give up on reaping now: the leader outlived its teardown. It is
+        reaped at a later spawn (see _DEFERRED), not by Popen."""
+        if self.reaped:
+            return
+        _DEFERRED.add(self.pid)
+        self.reaped = True
+        self.popen.returncode = self.returncode if self.returncode is not None else -1
+        self.close()
 
     def close(self) -> None:
         if self.pidfd is not None:

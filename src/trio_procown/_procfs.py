@@ -49,9 +49,12 @@ import trio
 IS_LINUX = sys.platform.startswith("linux")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PidMark:
-    """Where the pid counter stood before a spawn (see the module comment)."""
+    """Where the pid counter stood before a spawn (see the module comment).
+
+    Keyword-only: three ints in a row are easy to pass in the wrong order.
+    """
 
     last_pid: int  # newest pid allocated in our namespace
     forks: int  # clones since boot (/proc/stat "processes")
@@ -75,7 +78,7 @@ def pid_mark() -> PidMark | None:
         stat = _read_small("/proc/stat")
         at = stat.index(b"\nprocesses ") + 11
         forks = int(stat[at : stat.index(b"\n", at)])
-        return PidMark(int(load[4]), forks, int(load[3].split(b"/")[1]))
+        return PidMark(last_pid=int(load[4]), forks=forks, tasks=int(load[3].split(b"/")[1]))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -246,16 +249,26 @@ class ProcessTable:
         # (key, pid) -> that process's KEY=VALUE entry, read at most once per
         # table however many teardowns share it.
         self._entries: dict[tuple[bytes, int], bytes | None] = {}
+        self._unreadable: set[int] = set()
 
-    def carrying(self, entry: bytes, started_since: int = 0, skip: int = -1) -> list[ProcInfo]:
-        """Live rows whose environment holds `entry` (KEY=VALUE).
+    def carrying(
+        self,
+        key: bytes,
+        token: bytes,
+        started_since: int = 0,
+        skip: int = -1,
+        unreadable: set[int] | None = None,
+    ) -> list[ProcInfo]:
+        """Live rows whose environment variable `key` (ending with "=")
+        holds `token` in its ":"-separated chain of census tokens.
 
         Only processes started at or after `started_since` (clock ticks
         since boot, as in /proc/PID/stat) are read: a descendant cannot be
         older than its ancestor. Rows in process group `skip` are not read
-        either (the caller knows they are inside its domain).
+        either (the caller knows they are inside its domain). Pids whose
+        environment we may not read (another user's, a setuid program's)
+        are added to `unreadable`: the census cannot see them.
         """
-        key = entry.partition(b"=")[0] + b"="
         me = os.getpid()
         found = []
         for info in self.rows:
@@ -266,17 +279,34 @@ class ProcessTable:
             cached = (key, info.pid)
             value = self._entries.get(cached, False)
             if value is False:
-                value = self._entries[cached] = environ_entry(info.pid, key)
-            if value == entry:
+                value = self._entries[cached] = environ_entry(info.pid, key, self._unreadable)
+            if info.pid in self._unreadable and unreadable is not None:
+                unreadable.add(info.pid)
+            if isinstance(value, bytes) and token_in(value, key, token):
                 found.append(info)
         return found
 
 
-def read_environ(pid: int) -> bytes | None:
-    """The environment block of `pid`; None when it cannot be read."""
+def token_in(entry: bytes | None, key: bytes, token: bytes) -> bool:
+    """Does the KEY=VALUE `entry` hold `token` in its ":"-separated chain?
+
+    Owners nest (a command that itself owns commands): each adds its token
+    to the chain it inherited, so every enclosing owner still finds what
+    its command started.
+    """
+    if entry is None or not entry.startswith(key):
+        return False
+    return token in entry[len(key) :].split(b":")
+
+
+def read_environ(pid: int, unreadable: set[int] | None = None) -> bytes | None:
+    """The environment block of `pid`; None when it cannot be read (and
+    `pid` is added to `unreadable` when that is for lack of permission)."""
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    except OSError as exc:
+        if unreadable is not None and isinstance(exc, PermissionError):
+            unreadable.add(pid)
         return None
     try:
         chunks = []
@@ -319,17 +349,22 @@ def exec_in_progress(pid: int) -> bool:
         return False
 
 
-def environ_entry(pid: int, key: bytes) -> bytes | None:
+def environ_entry(pid: int, key: bytes, unreadable: set[int] | None = None) -> bytes | None:
     """The whole KEY=VALUE entry of `pid`'s environment for `key` (which
-    ends with "="), or None."""
+    ends with "="), or None. A pid whose environment we may not read is
+    added to `unreadable`."""
     if not IS_LINUX:
         name = key[:-1].decode()
         try:
             value = psutil.Process(pid).environ().get(name)
+        except psutil.AccessDenied:
+            if unreadable is not None:
+                unreadable.add(pid)
+            return None
         except (psutil.Error, OSError):
             return None
         return None if value is None else key + value.encode()
-    env = read_environ(pid)
+    env = read_environ(pid, unreadable)
     # A process caught inside execve() shows an empty environment until the
     # new image's is in place: look again, a bounded number of times.
     for _ in range(EXEC_RETRIES):
@@ -397,7 +432,7 @@ async def table_for(mark: PidMark | None) -> ProcessTable:
     return await coalescer.table()
 
 
-def has_cookie(pid: int, cookie: bytes) -> bool:
-    """True if the environment of `pid` holds the census cookie entry
-    (environ_entry reads it through psutil off Linux)."""
-    return environ_has(pid, cookie)
+def has_token(pid: int, key: bytes, token: bytes) -> bool:
+    """True if the environment variable `key` of `pid` holds the census
+    `token` in its chain (environ_entry reads it through psutil off Linux)."""
+    return token_in(environ_entry(pid, key), key, token)

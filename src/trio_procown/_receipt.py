@@ -16,7 +16,8 @@ from typing import Any, Literal
 # "stopped": ended on request (run.terminate(), a service owner's stop() or
 # exit), in addition to the four causes of the contract.
 Cause = Literal["exited", "timed_out", "cancelled", "error", "stopped"]
-OutputState = Literal["complete", "truncated", "abandoned"]
+# "not captured": no stream was read by us (devnull, a file, an inherited fd).
+OutputState = Literal["complete", "truncated", "abandoned", "not captured"]
 
 
 class Action(enum.Enum):
@@ -37,6 +38,7 @@ class Action(enum.Enum):
     REAP = "reap"
     RELEASE = "release"
     HANDOFF = "handoff"
+    ERROR = "error"  # an action of the teardown failed; the teardown went on
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class StreamRecord:
     captured: int  # bytes read from the pipe
     kept: int  # bytes retained in memory
     dropped: int  # bytes read but dropped by the size limit
+    target: str = "capture"  # or "devnull", "file PATH", "merged into stdout", ...
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of this value."""
@@ -121,6 +124,7 @@ class StreamRecord:
             "captured": self.captured,
             "kept": self.kept,
             "dropped": self.dropped,
+            "target": self.target,
         }
 
 
@@ -130,7 +134,7 @@ class Receipt:
 
     Synopsis::
 
-        async with trio_procown.open_owned_command("make test", timeout=60) as run:
+        async with trio_procown.open_owned_command("sleep 30 & echo early; sleep 30", timeout=0.5) as run:
             receipt = await run.wait()
         for sentence in receipt.claims():
             print(sentence)
@@ -153,7 +157,8 @@ class Receipt:
     still_seen: tuple[ProcessRecord, ...] = ()  # members seen when the bound ran out
     streams: tuple[StreamRecord, ...] = ()
     escapee_policy: str = "terminate"
-    census_scanned: bool = True
+    census_scanned: bool = True  # False when some environments could not be read
+    census_unreadable: int = 0  # processes whose environment the census could not read
     duration: float = 0.0
     extras: Mapping[str, Any] = field(default_factory=dict)
 
@@ -194,11 +199,15 @@ class Receipt:
         if self.cause != "exited" or exit_step is None:
             out.append(f"Its direct process ended with {_describe_status(self.returncode)}.")
 
+        placement = self._first(Action.SCAN, "placement")
+        if placement is not None:
+            out.append(f"The leader's placement in its domain was checked: {placement.detail}.")
+
         if self.leftovers:
             names = _name_processes(self.leftovers)
             out.append(
                 f"{len(self.leftovers)} process(es) of its domain outlived the leader "
-                f"and were torn down as owned work: {names}."
+                f"and were torn down as owned work; the fate each one's own evidence shows: {names}."
             )
 
         term = self._first(Action.SIGNAL)
@@ -221,6 +230,18 @@ class Receipt:
         elif first_signal is None and self.domain_empty:
             out.append("Nothing of its domain was left running, so nothing was signalled.")
 
+        for step in signals:
+            if step.outcome.startswith("failed"):
+                out.append(
+                    f'At +{step.at:.3f}s the operating system refused part of "{step.detail}": '
+                    f"{step.outcome.removeprefix('failed: ')}; the teardown went on to its next stage."
+                )
+        for step in self._steps(Action.ERROR):
+            out.append(
+                f"At +{step.at:.3f}s an action of the teardown failed ({step.detail}); "
+                "the teardown went on to its next stage."
+            )
+
         if self.domain_empty:
             out.append(f"No live process of the {self.domain} domain ({self.domain_id}) was seen at the end.")
         else:
@@ -238,22 +259,42 @@ class Receipt:
         if reaped:
             out.append(f"{reaped} orphan(s) of the command were reaped by us as subreaper.")
 
+        release = self._first(Action.RELEASE)
+        if release is not None:
+            if release.outcome == "not removed":
+                out.append(f"The domain was NOT fully released: {release.detail}.")
+            else:
+                out.append(f"The domain was released: {release.detail}.")
+
         if self.census:
-            verb = "terminated" if self.escapee_policy == "terminate" else "reported (not signalled)"
+            how = (
+                "each was signalled; the fate its own evidence shows"
+                if self.escapee_policy == "terminate"
+                else "they were reported, not signalled"
+            )
             out.append(
-                f"The census found {len(self.census)} process(es) that left the domain; "
-                f"they were {verb}: {_name_processes(self.census)}."
+                f"The census found {len(self.census)} process(es) that left the domain ({how}): "
+                f"{_name_processes(self.census)}."
             )
         if self.escaped:
             out.append(
                 f"{len(self.escaped)} process(es) escaped the domain and were still alive at the end: "
                 f"{_name_processes(self.escaped)}."
             )
-        elif not self.census_scanned:
-            out.append("No census was taken, so processes that left the domain would not be seen.")
+        if not self.census_scanned:
+            if self.census_unreadable:
+                out.append(
+                    f"The census could not read the environment of {self.census_unreadable} process(es) "
+                    "started since the command (another user's or a setuid program's): a process that "
+                    "left the domain among them would not be seen."
+                )
+            else:
+                out.append("No census was taken, so processes that left the domain would not be seen.")
 
         for stream in self.streams:
             if stream.state == "not captured":
+                where = f" ({stream.target})" if stream.target else ""
+                out.append(f"{stream.name}: not captured{where}; nothing about it is claimed.")
                 continue
             if stream.state == "abandoned":
                 out.append(
@@ -289,11 +330,13 @@ class Receipt:
             "still_seen": [p.to_dict() for p in self.still_seen],
             "escapee_policy": self.escapee_policy,
             "census_scanned": self.census_scanned,
+            "census_unreadable": self.census_unreadable,
             "streams": [s.to_dict() for s in self.streams],
             "steps": [s.to_dict() for s in self.steps],
             "command": list(self.command),
             "pid": self.pid,
             "duration": round(self.duration, 6),
+            "extras": dict(self.extras),
             "claims": self.claims(),
         }
 

@@ -116,8 +116,8 @@ def ready_port(port: int, host: str = "127.0.0.1", interval: float = 0.02) -> Re
 
     Synopsis::
 
-        svc = await owner.start(["python", "-m", "http.server", "8000"],
-                                ready=trio_procown.ready_port(8000))
+        svc = await owner.start([sys.executable, "-m", "http.server", "8123"],
+                                ready=trio_procown.ready_port(8123))
     """
 
     async def probe(run: OwnedCommand) -> object:
@@ -138,7 +138,8 @@ def ready_file(path: str | os.PathLike[str], interval: float = 0.02) -> Readines
 
     Synopsis::
 
-        svc = await owner.start(cmd, ready=trio_procown.ready_file("/tmp/app.sock"))
+        svc = await owner.start(["sh", "-c", "sleep 0.1; touch app.ready; exec sleep 30"],
+                                ready=trio_procown.ready_file("app.ready"))
     """
 
     async def probe(run: OwnedCommand) -> object:
@@ -285,7 +286,7 @@ class ServiceOwner:
         Synopsis::
 
             async with trio_procown.open_service_owner() as owner:
-                web = await owner.start(["python", "-m", "http.server", "8123"],
+                web = await owner.start([sys.executable, "-m", "http.server", "8123"],
                                         ready=trio_procown.ready_port(8123))
                 ...
         """
@@ -482,7 +483,8 @@ async def open_service_owner(name: str = "service owner") -> AsyncIterator[Servi
     Synopsis::
 
         async with trio_procown.open_service_owner("test session") as owner:
-            db = await owner.start(["postgres", "-D", data], ready=trio_procown.ready_port(5432))
+            web = await owner.start([sys.executable, "-m", "http.server", "8123"],
+                                    ready=trio_procown.ready_port(8123))
             ...
         for name, receipt in owner.receipts:
             print(name, receipt.cause, receipt.domain_empty)

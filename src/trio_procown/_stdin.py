@@ -2,24 +2,35 @@
 #
 # stdin=None gives the command /dev/null, never the caller's stdin. A path
 # is opened and handed to the command as its stdin (the command reads the
-# file itself; no copy through us). bytes and a trio ReceiveStream need a
-# feeder: a task in the command's nursery that writes into a pipe. The
-# feeder is cancelled and the pipe closed by the teardown, so a command that
-# stops reading its stdin cannot hold the teardown: a blocked write is a
-# cancellable wait_writable.
+# file itself; no copy through us). An open file descriptor (or an object
+# with fileno()) is handed over as is, like a shell's redirection: the
+# command inherits the same open file description, so it reads from, and
+# moves, the caller's file offset; the caller keeps its fd open. bytes and
+# a trio ReceiveStream need a feeder: a task in the command's nursery that
+# writes into a pipe. The feeder is cancelled and the pipe closed by the
+# teardown, so a command that stops reading its stdin cannot hold the
+# teardown: a blocked write is a cancellable wait_writable.
 
 from __future__ import annotations
 
 import errno
 import os
-from typing import TypeAlias, Union
+from typing import Protocol, TypeAlias, Union
 
 import trio
 
+
+class HasFileno(Protocol):
+    """An open file object: its fileno() is passed to the command."""
+
+    def fileno(self) -> int: ...
+
+
 # None: /dev/null; bytes-like: fed through a pipe; str / PathLike: a file
-# the command reads itself; a ReceiveStream: copied through a pipe.
+# the command reads itself; int / HasFileno: an open fd the command inherits;
+# a ReceiveStream: copied through a pipe.
 StdinSource: TypeAlias = Union[
-    bytes, bytearray, memoryview, str, "os.PathLike[str]", trio.abc.ReceiveStream, None
+    bytes, bytearray, memoryview, str, "os.PathLike[str]", int, HasFileno, trio.abc.ReceiveStream, None
 ]
 
 

@@ -972,7 +972,7 @@ class NoLeaks:
     Synopsis::
 
         with no_leaks():
-            subprocess.run(["make", "check"], check=True)
+            subprocess.run(["sh", "-c", "sleep 0.1 & wait"], check=True)  # waits for its child
     """
 
     def __init__(
@@ -1459,7 +1459,7 @@ def procown_no_leaks(request: pytest.FixtureRequest) -> NoLeaksFactory:
 
         def test_build(procown_no_leaks):
             with procown_no_leaks():
-                subprocess.run(["make"], check=True)
+                subprocess.run(["sh", "-c", "sleep 0.1 & wait"], check=True)
     """
     state = request.config.stash.get(_STATE, None)
     tracker = state.tracker if state is not None else _tracker_outside_pytest()
@@ -1478,7 +1478,7 @@ def procown_command(request: pytest.FixtureRequest) -> Iterator[OwnedCommands]:
     Synopsis::
 
         async def test_server(procown_command):
-            server = await procown_command(["python", "-m", "http.server", "8123"])
+            server = await procown_command([sys.executable, "-m", "http.server", "8123"])
             ...  # talk to it; it is torn down at the end of the test
     """
     commands = OwnedCommands(request.node.nodeid)

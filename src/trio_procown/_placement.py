@@ -1,0 +1,403 @@
+# Placing a command into its cgroup before it can fork.
+#
+# The cgroup domain (_cgroup.py) must have the command inside its cgroup
+# *before* the command runs a single instruction: moving the pid after the
+# spawn loses the race against a command that forks at once, and the child
+# it forked stays outside. Python's spawn offers no hook that is both safe
+# and cheap: preexec_fn forces fork instead of vfork and is unsafe with
+# threads, and clone3(CLONE_INTO_CGROUP) from ctypes skips Python's fork
+# hooks and subprocess's own fd and session handling. So the spawn runs a
+# *shim* instead of the command: the shim writes "0" (itself) to the
+# cgroup's cgroup.procs and then execs the command, which keeps the shim's
+# pid (the leader's pid is the command's own) and starts inside the cgroup,
+# as does everything it forks.
+#
+# Three shims, cheapest first:
+# - _shim/cgroup_shim_tiny.c, a freestanding program (raw system calls, no
+#   libc; x86_64 and aarch64): ~0.07 ms per spawn;
+# - _shim/cgroup_shim.c against glibc, static where a static libc exists:
+#   ~0.35 ms (glibc's start-up);
+# - without a C compiler, a /bin/sh one-liner: ~0.6 ms; for a str command
+#   (`/bin/sh -c CMD`) it evals CMD in the same shell, so it costs no exec.
+# All three are race-free: the move precedes the exec of the command.
+# TRIO_PROCOWN_SH_SHIM=1 forces the shell shim.
+#
+# Trust. The compiled shim runs with the caller's privileges (often root)
+# for every command, so whoever can swap the file can run code as the
+# caller. It is built once per machine into $XDG_CACHE_HOME/trio_procown
+# (or ~/.cache/trio_procown, created 0700), named by a hash of its sources,
+# and a cached build is used only when, as OpenSSH's StrictModes asks,
+# every directory from / down to the cache directory and the file itself
+# are owned by our euid or root and writable by neither group nor others
+# (a sticky directory such as /tmp counts as writable). Symlinks above the
+# cache directory (a symlinked ~/.cache) are resolved first and the real
+# directories checked; the cache directory and the file must not be
+# symlinks. Only we and root can then change them.
+#
+# Even so the shim is never exec'd by a path that could change after the
+# check: the file is opened once (O_NOFOLLOW, O_CLOEXEC), the descriptor is
+# checked with fstat (a regular file, the inode that was checked, same
+# owner and mode rules), kept for the life of the process, and the spawn
+# execs /proc/<our pid>/fd/<n>. The spawned child resolves that link
+# through our descriptor table while we wait for its exec (vfork and
+# posix_spawn alike), so it runs exactly the inode we verified; the
+# descriptor is close-on-exec, so the command does not inherit it. One run
+# through the descriptor per process proves that the route works (a
+# non-dumpable process, for one, closes its /proc/PID/fd to its children).
+# The descriptor belongs to a process: a forked child forgets it (an at-fork
+# hook, and a cache keyed by pid for forks that skip the hook) and opens its
+# own. Each use checks with fstat (~1 us) that the descriptor still holds
+# that inode: code that closes descriptors it does not own could have handed
+# the number to another file, and the shim is then opened again.
+#
+# Fallbacks. When the cache cannot be trusted or created, the shim is built
+# in a private directory (mkdtemp, mode 0700, pinned by a directory
+# descriptor through which the result is opened; the directory is removed
+# once the file is open): a compile per process instead of per machine.
+# Without a compiler, or when no build works, the /bin/sh shim is used
+# (/bin/sh belongs to root).
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from typing import NamedTuple
+
+SH_SHIM_ENV = "TRIO_PROCOWN_SH_SHIM"
+
+# sh -c _SHIM_EXEC PROCS ARGV...: $0 is the cgroup.procs file, "$@" the command.
+_SHIM_EXEC = (
+    'echo 0 >"$0" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $0" >&2; exit 125; }; exec "$@"'
+)
+# sh -c _SHIM_EVAL sh PROCS CMD: $1 is the cgroup.procs file, $2 the str command.
+_SHIM_EVAL = (
+    'echo 0 >"$1" 2>/dev/null || { echo "trio_procown: cannot enter cgroup $1" >&2; exit 125; }; '
+    '__procown_c=$2; set --; eval "unset __procown_c; $__procown_c"'
+)
+
+# (source file, compiler flags), best first.
+_SHIM_BUILDS = (
+    ("cgroup_shim_tiny.c", ["-O2", "-static", "-nostdlib", "-fno-stack-protector"]),
+    ("cgroup_shim.c", ["-O2", "-static"]),
+    ("cgroup_shim.c", ["-O2"]),
+)
+
+_BUILT = "cgroup_shim"
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trio_procown")
+
+
+def _real(path: str) -> str:
+    """`path` with every symlink above its last component resolved (the
+    last component itself is kept, so that a symlink there is seen)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def _safe_owner_and_mode(st: os.stat_result) -> bool:
+    """Owned by our euid or root, and writable by neither group nor others."""
+    return st.st_uid in (os.geteuid(), 0) and not st.st_mode & 0o022
+
+
+def _usable_file(st: os.stat_result) -> bool:
+    """A regular, executable file that only we and root can change."""
+    return stat.S_ISREG(st.st_mode) and _safe_owner_and_mode(st) and bool(st.st_mode & stat.S_IXUSR)
+
+
+def _untrusted_reason(directory: str) -> str | None:
+    """Why someone other than us or root could change what is in
+    `directory` (an absolute path, see _real), or None when nobody can.
+
+    Every directory from / down to `directory` must be owned by our euid
+    or root and writable by neither group nor others (sticky or not), and
+    none may be a symlink (lstat: a symlink planted at `directory` itself,
+    or one that appeared after _real resolved the path, is refused)."""
+    here = "/"
+    for part in ["", *directory.split("/")[1:]]:
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError as exc:
+            return f"cannot inspect {here}: {exc.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{here} is a symbolic link"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{here} is not a directory"
+        if st.st_uid not in (os.geteuid(), 0):
+            return f"{here} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022:
+            return f"{here} is writable by group or others"
+    return None
+
+
+def _open_checked(path: str, same_as: os.stat_result) -> int | None:
+    """A close-on-exec descriptor on the file at `path`, provided it is the
+    very inode `same_as` describes and a usable file; None otherwise."""
+    try:
+        # O_NONBLOCK: a FIFO planted at `path` must not block the open.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if _usable_file(st) and (st.st_dev, st.st_ino) == (same_as.st_dev, same_as.st_ino):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _fd_path(fd: int) -> str:
+    """The path by which our children exec the file open on `fd`."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _shim_works(path: str) -> bool:
+    """Run a shim once: it must exec a program (it is not asked to move
+    anywhere: /dev/null stands in for cgroup.procs)."""
+    try:
+        done = subprocess.run(
+            [path, os.devnull, "/bin/sh", "-c", "exit 7"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            start_new_session=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 7
+
+
+def _fd_works(fd: int) -> bool:
+    """Our children can exec the shim open on `fd` through /proc."""
+    path = _fd_path(fd)
+    try:
+        st, via = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (via.st_dev, via.st_ino) and _shim_works(path)
+
+
+def _sources() -> dict[str, bytes]:
+    package = resources.files("trio_procown") / "_shim"
+    return {name: (package / name).read_bytes() for name, _ in _SHIM_BUILDS}
+
+
+def _cache_name(sources: dict[str, bytes]) -> str:
+    digest = hashlib.sha256(b"".join(sources[n] for n in sorted(sources))).hexdigest()[:16]
+    return f"cgroup_shim-{digest}-{platform.machine()}"
+
+
+def _build_in(tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes]) -> int | None:
+    """Compile the shim in our private directory `tmp`, pinned by `tmp_fd`
+    (the result is opened through it, whatever becomes of the path), and
+    return a descriptor on the first build that works."""
+    written: set[str] = set()
+    for name, flags in _SHIM_BUILDS:
+        if name not in written:
+            src = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=tmp_fd,
+            )
+            with open(src, "wb") as f:
+                f.write(sources[name])
+            written.add(name)
+        built = subprocess.run(
+            [cc, *flags, "-o", os.path.join(tmp, _BUILT), os.path.join(tmp, name)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+        if built.returncode != 0:
+            continue
+        try:
+            fd = os.open(_BUILT, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=tmp_fd)
+        except OSError:
+            continue
+        try:
+            os.fchmod(fd, 0o755)
+            if _usable_file(os.fstat(fd)) and _fd_works(fd):
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        os.unlink(_BUILT, dir_fd=tmp_fd)
+    return None
+
+
+def _build_pinned(tmp: str, cc: str, sources: dict[str, bytes]) -> int | None:
+    """Build in `tmp`, a directory just made by mkdtemp, provided it is
+    still ours and private once pinned by a descriptor; a descriptor on a
+    working build, or None."""
+    tmp_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(tmp_fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        return _build_in(tmp, tmp_fd, cc, sources)
+    finally:
+        os.close(tmp_fd)
+
+
+def _from_cache(cache: str, name: str, cc: str | None, sources: dict[str, bytes]) -> int | None:
+    """A descriptor on the cached shim `name` in `cache`, building it there
+    first if needed; None when the cache cannot be trusted."""
+    os.makedirs(os.path.dirname(os.path.abspath(cache)), mode=0o700, exist_ok=True)
+    cache = _real(cache)
+    try:
+        os.mkdir(cache, 0o700)  # a symlink already there is not followed
+    except FileExistsError:
+        pass
+    if _untrusted_reason(cache) is not None:
+        return None
+    target = os.path.join(cache, name)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        pass
+    else:
+        fd = _open_checked(target, st)
+        if fd is not None:
+            if _fd_works(fd):
+                return fd
+            os.close(fd)
+    if cc is None:
+        return None
+    tmp = tempfile.mkdtemp(prefix="build-", dir=cache)
+    try:
+        fd = _build_pinned(tmp, cc, sources)
+        if fd is not None:
+            # The build is ours whether or not it reaches the cache.
+            with contextlib.suppress(OSError):
+                os.replace(os.path.join(tmp, _BUILT), target)
+        return fd
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _open_shim() -> int | None:
+    """A descriptor on a verified, working compiled shim, or None (use the
+    /bin/sh shim)."""
+    if os.environ.get(SH_SHIM_ENV):
+        return None
+    sources = _sources()
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    try:
+        fd = _from_cache(_cache_dir(), _cache_name(sources), cc, sources)
+    except (OSError, subprocess.SubprocessError):
+        fd = None
+    if fd is not None or cc is None:
+        return fd
+    # The cache cannot be trusted: a private build, once per process.
+    try:
+        tmp = tempfile.mkdtemp(prefix="trio_procown-")
+    except OSError:
+        return None
+    try:
+        return _build_pinned(tmp, cc, sources)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Opened(NamedTuple):
+    pid: int
+    fd: int | None
+    path: str | None  # /proc/<pid>/fd/<fd>
+    inode: tuple[int, int] | None  # (st_dev, st_ino) of the verified file
+
+
+def _opened_now() -> _Opened:
+    fd = _open_shim()
+    if fd is None:
+        return _Opened(os.getpid(), None, None, None)
+    st = os.fstat(fd)
+    return _Opened(os.getpid(), fd, _fd_path(fd), (st.st_dev, st.st_ino))
+
+
+def _still_ours(opened: _Opened) -> bool:
+    """Our descriptor is still open on the verified file (code that closes
+    every descriptor it does not know, then opens another, would otherwise
+    have us exec whatever file took its number)."""
+    if opened.pid != os.getpid():
+        return False
+    if opened.fd is None:
+        return True
+    try:
+        st = os.fstat(opened.fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == opened.inode
+
+
+class _CompiledShim:
+    """compiled_shim(): the path to exec the compiled C shim by (as
+    /proc/<our pid>/fd/<n>), building it on first use; None when no
+    trustworthy build is possible (no C compiler, or TRIO_PROCOWN_SH_SHIM
+    is set): use the /bin/sh shim. Cached per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: _Opened | None = None
+
+    def __call__(self) -> str | None:
+        opened = self._opened
+        if opened is None or not _still_ours(opened):
+            with self._lock:
+                opened = self._opened
+                if opened is None or not _still_ours(opened):
+                    # A stale descriptor number is not closed: it is not ours.
+                    opened = self._opened = _opened_now()
+        return opened.path
+
+    def cache_clear(self) -> None:
+        """Forget the shim and close its descriptor (for tests: the next
+        call looks again). Not while a spawn through it may be under way."""
+        with self._lock:
+            opened, self._opened = self._opened, None
+        if opened is not None and opened.fd is not None and _still_ours(opened):
+            os.close(opened.fd)
+
+    def _forget_after_fork(self) -> None:
+        # In the child of os.fork(): the inherited descriptor is not ours to
+        # exec by (our pid differs); close it and open our own when needed.
+        self._lock = threading.Lock()
+        opened, self._opened = self._opened, None
+        if opened is not None and opened.fd is not None and _still_ours(opened._replace(pid=os.getpid())):
+            os.close(opened.fd)
+
+
+compiled_shim = _CompiledShim()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=compiled_shim._forget_after_fork)
+
+
+def shim_argv(procs: str, argv: Sequence[str]) -> list[str]:
+    """The argv that enters the cgroup of `procs` and then runs `argv`."""
+    shim = compiled_shim()
+    if shim is not None:
+        return [shim, procs, *argv]
+    if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+        return ["/bin/sh", "-c", _SHIM_EVAL, "sh", procs, argv[2]]
+    return ["/bin/sh", "-c", _SHIM_EXEC, procs, *argv]

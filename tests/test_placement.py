@@ -1,0 +1,312 @@
+"""The cgroup placement shim is trusted only when it can be (_placement.py).
+
+Each test points XDG_CACHE_HOME at a fresh directory under one that only
+root or we can write, so the cache the shim would come from is under the
+test's control, and forgets the process's shim before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trio_procown import _placement
+
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="the placement shim is for Linux cgroups"
+    ),
+    pytest.mark.skipif(
+        shutil.which("cc") is None, reason="no C compiler: there is no compiled shim to trust"
+    ),
+    pytest.mark.timeout(120),
+]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+NOBODY = 65534
+
+
+def _only_root_or_us_can_write(path: str) -> bool:
+    here = "/"
+    for part in ["", *os.path.realpath(path).split("/")[1:]]:
+        here = os.path.join(here, part)
+        st = os.lstat(here)
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return False
+    return True
+
+
+@pytest.fixture
+def trusted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh directory that only root or we can change, all the way up."""
+    for candidate in (os.path.expanduser("~/.cache"), os.path.expanduser("~")):
+        if os.path.isdir(candidate) and _only_root_or_us_can_write(candidate):
+            break
+    else:
+        pytest.skip("no directory here that only root or we can write")
+    top = Path(tempfile.mkdtemp(prefix="procown-test-placement-", dir=candidate)).resolve()
+    private_tmp = top / "tmp"  # where private builds go
+    private_tmp.mkdir()
+    monkeypatch.delenv(_placement.SH_SHIM_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+    _placement.compiled_shim.cache_clear()
+    try:
+        yield top
+    finally:
+        _placement.compiled_shim.cache_clear()
+        shutil.rmtree(top)
+
+
+def use_cache_home(monkeypatch: pytest.MonkeyPatch, home: Path) -> Path:
+    """Point XDG_CACHE_HOME at `home`; return the shim's cache directory."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    return home / "trio_procown"
+
+
+def cached_name() -> str:
+    return _placement._cache_name(_placement._sources())
+
+
+def plant_script(path: Path, marker: Path) -> None:
+    """A root-owned 0755 script at `path` that would betray its run by `marker`."""
+    path.write_text(f'#!/bin/sh\necho swapped >"{marker}"\n')
+    path.chmod(0o755)
+
+
+def run_through_shim(where: Path) -> bool:
+    """Spawn a command through shim_argv; True if the command ran."""
+    ran = where / "ran"
+    argv = _placement.shim_argv(os.devnull, ["/bin/sh", "-c", f'echo ran >"{ran}"'])
+    subprocess.run(argv, stdin=subprocess.DEVNULL, start_new_session=True, timeout=30, check=False)
+    return ran.exists()
+
+
+def exec_target(shim: str | None) -> str:
+    """The file a /proc/PID/fd/N shim path names (the shim must be one)."""
+    assert shim is not None
+    assert shim.startswith(f"/proc/{os.getpid()}/fd/")
+    return os.readlink(shim)
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o1777], ids=["group", "others", "sticky"])
+def test_writable_cache_dir_is_not_trusted(trusted: Path, monkeypatch: pytest.MonkeyPatch, mode: int) -> None:
+    """A cache directory writable by group or others (sticky or not) is never the shim's source."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    cache.mkdir(parents=True)
+    marker = trusted / "marker"
+    plant_script(cache / cached_name(), marker)
+    cache.chmod(mode)
+
+    target = exec_target(_placement.compiled_shim())
+    assert not target.startswith(str(cache))
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+    assert os.listdir(trusted / "tmp") == []  # the private build directory is gone
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777], ids=["writable", "sticky"])
+def test_writable_ancestor_makes_cache_untrusted(
+    trusted: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    """A group/other-writable directory anywhere above the cache makes it untrusted."""
+    (trusted / "open").mkdir()
+    cache = use_cache_home(monkeypatch, trusted / "open" / "xdg")
+    cache.mkdir(parents=True, mode=0o700)
+    marker = trusted / "marker"
+    plant_script(cache / cached_name(), marker)
+    (trusted / "open").chmod(mode)
+
+    target = exec_target(_placement.compiled_shim())
+    assert not target.startswith(str(cache))
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+
+
+def test_symlinked_cache_dir_is_refused(trusted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symlink planted as the cache directory is neither followed for the shim nor written through."""
+    elsewhere = trusted / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    marker = trusted / "marker"
+    plant_script(elsewhere / cached_name(), marker)
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    cache.parent.mkdir()
+    cache.symlink_to(elsewhere)
+    before = sorted(os.listdir(elsewhere))
+
+    target = exec_target(_placement.compiled_shim())
+    assert not target.startswith((str(cache), str(elsewhere)))
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+    assert sorted(os.listdir(elsewhere)) == before
+
+
+def test_symlinked_cached_file_is_refused(trusted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A symlink planted as the cached shim is not followed: a real build replaces it."""
+    marker = trusted / "marker"
+    plant_script(trusted / "script", marker)
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    cache.mkdir(parents=True, mode=0o700)
+    (cache / cached_name()).symlink_to(trusted / "script")
+
+    target = exec_target(_placement.compiled_shim())
+    assert target != str(trusted / "script")
+    assert not os.path.islink(cache / cached_name())
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+
+
+@needs_root
+@pytest.mark.parametrize("owned", ["file", "directory"])
+def test_shim_owned_by_another_user_is_refused(
+    trusted: Path, monkeypatch: pytest.MonkeyPatch, owned: str
+) -> None:
+    """A cached shim, or cache directory, owned by another uid (not root, not us) is never exec'd."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    cache.mkdir(parents=True, mode=0o755)
+    marker = trusted / "marker"
+    planted = cache / cached_name()
+    plant_script(planted, marker)
+    os.chown(planted if owned == "file" else cache, NOBODY, NOBODY)
+    planted_inode = os.stat(planted).st_ino
+    if owned == "file":
+        assert _placement._open_checked(str(planted), planted.lstat()) is None
+
+    shim = _placement.compiled_shim()
+    exec_target(shim)
+    assert shim is not None
+    st = os.stat(shim)
+    assert st.st_uid in (0, os.geteuid())
+    assert st.st_ino != planted_inode
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+
+
+def test_trusted_cache_is_exec_through_the_verified_descriptor(
+    trusted: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trusted cache gives /proc/PID/fd/N on the verified file; a later swap of the file changes nothing."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    shim = _placement.compiled_shim()
+    cached = cache / cached_name()
+    assert exec_target(shim) == str(cached)
+    assert shim is not None
+    assert (os.stat(shim).st_dev, os.stat(shim).st_ino) == (cached.stat().st_dev, cached.stat().st_ino)
+
+    marker = trusted / "marker"
+    plant_script(trusted / "swap", marker)
+    os.replace(trusted / "swap", cached)
+    assert _placement.compiled_shim() == shim
+    assert run_through_shim(trusted)
+    assert not marker.exists()
+
+
+def test_descriptor_must_be_the_checked_inode(trusted: Path) -> None:
+    """The file opened for exec must be the very inode that was checked, and a regular executable file."""
+    first, second = trusted / "first", trusted / "second"
+    for path in (first, second):
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    fd = _placement._open_checked(str(first), first.lstat())
+    assert fd is not None
+    os.close(fd)
+    assert _placement._open_checked(str(first), second.lstat()) is None
+    os.mkfifo(trusted / "fifo", 0o755)
+    assert _placement._open_checked(str(trusted / "fifo"), (trusted / "fifo").lstat()) is None
+    (trusted / "link").symlink_to(first)
+    assert _placement._open_checked(str(trusted / "link"), first.lstat()) is None
+
+
+def test_cache_dir_is_created_private(trusted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache directory is created with mode 0700 and then used."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    exec_target(_placement.compiled_shim())
+    assert stat.S_IMODE(cache.lstat().st_mode) == 0o700
+    assert (cache / cached_name()).is_file()
+
+
+def test_command_does_not_inherit_the_shim_descriptor(trusted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The descriptor kept for the shim is close-on-exec: the command never sees it."""
+    use_cache_home(monkeypatch, trusted / "xdg")
+    target = exec_target(_placement.compiled_shim())
+    argv = _placement.shim_argv(os.devnull, ["/bin/sh", "-c", "ls -l /proc/self/fd/"])
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True)
+    assert target.encode() not in done.stdout
+    assert b"cgroup_shim" not in done.stdout
+
+
+def test_forked_child_opens_its_own_shim(trusted: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After os.fork the child execs the shim through its own descriptor, not the parent's."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    exec_target(_placement.compiled_shim())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        status = 1
+        try:
+            os.close(r)
+            shim = _placement.compiled_shim()
+            ok = (
+                shim is not None
+                and shim.startswith(f"/proc/{os.getpid()}/fd/")
+                and os.readlink(shim) == str(cache / cached_name())
+                and run_through_shim(trusted)
+            )
+            os.write(w, b"ok" if ok else repr(shim).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(w)
+    try:
+        with os.fdopen(r, "rb") as f:
+            said = f.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert said == b"ok"
+
+
+def test_descriptor_closed_behind_our_back_is_opened_again(
+    trusted: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If our descriptor is closed and its number reused for another file, the shim is opened again."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    shim = _placement.compiled_shim()
+    exec_target(shim)
+    assert shim is not None
+    number = int(shim.rsplit("/", 1)[1])
+    other = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(other, number)  # closes ours, as code that closes every descriptor would
+        again = _placement.compiled_shim()
+        assert again != shim
+        assert exec_target(again) == str(cache / cached_name())
+        assert run_through_shim(trusted)
+    finally:
+        os.close(other)
+        os.close(number)
+
+
+def test_untrusted_cache_without_compiler_uses_the_shell_shim(
+    trusted: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the cache untrusted and no C compiler, the /bin/sh shim is used, never the cached file."""
+    cache = use_cache_home(monkeypatch, trusted / "xdg")
+    cache.mkdir(parents=True)
+    marker = trusted / "marker"
+    plant_script(cache / cached_name(), marker)
+    cache.chmod(0o777)
+    monkeypatch.setenv("PATH", str(trusted / "no-compiler-here"))
+
+    assert _placement.compiled_shim() is None
+    assert _placement.shim_argv(os.devnull, ["/bin/true"])[0] == "/bin/sh"
+    assert run_through_shim(trusted)
+    assert not marker.exists()
