@@ -1,7 +1,8 @@
 # Benchmarks of trio_procown against its peers and against the kernel floor.
 #
-# Run with `python -m benchmarks` or `make bench` (full, about 7 minutes on
-# a 2-core VM) or `python -m benchmarks --quick` (smoke run, under a minute).
+# Run with `python -m benchmarks` or `make bench` (full; results/latest.md
+# records how long the run took) or `python -m benchmarks --quick` (smoke
+# run, under a minute).
 # The peers (subprocess.run, the communicate recipe, trio.run_process,
 # anyio.run_process, the asyncio recipe, an ADK-style teardown written from
 # its published description) run in the same run, on the same scenarios.

@@ -119,8 +119,15 @@ def closing_note(sections: list[Section]) -> list[str]:
     spawn = _data(sections, "spawn")
     if spawn:
         to_trio, to_floor = spawn.get("ratio_to_trio", {}), spawn.get("ratio_to_floor", {})
+        to_capture = spawn.get("ratio_to_trio_capture", {})
         parts = [
-            f"`{name}` {_x(to_trio.get(name))} trio.run_process and {_x(to_floor.get(name))} the posix_spawn floor"
+            f"`{name}` {_x(to_trio.get(name))} trio.run_process"
+            + (
+                f" ({_x(to_capture.get(name))} trio.run_process capture, capture on both sides)"
+                if name in to_capture and not name.endswith("devnull")
+                else ""
+            )
+            + f" and {_x(to_floor.get(name))} the posix_spawn floor"
             for name in to_trio
             if name.startswith("run_owned")
         ]

@@ -74,6 +74,9 @@ html_theme = "furo"
 html_title = f"trio_procown {release}"
 pygments_style = "sphinx"
 pygments_dark_style = "monokai"
+# The receipt's JSON Schema, published at a stable address beside the pages
+# (receipts.md links to it and shows it).
+html_extra_path = ["receipt.schema.json"]
 
 # Pages written by other parts of the project, listed in the toctree only
 # when present (in this order, after the pages that always exist).
@@ -139,7 +142,7 @@ def _benchmark_section() -> str:
     else:
         return (
             "```{note}\nNo benchmark results were found in `benchmarks/results/` when these pages "
-            "were built. Run `make bench` (about a minute) and rebuild.\n```\n"
+            "were built. Run `make bench` and rebuild.\n```\n"
         )
     latest = where / "latest.md"
     text = latest.read_text(encoding="utf-8") if latest.is_file() else ""

@@ -204,9 +204,9 @@ async def test_process_group_domain_on_a_non_posix_platform_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On a non-POSIX platform the process-group domain raises DomainUnavailable, nothing is spawned."""
-    from trio_procown import _select
+    from trio_procown import _choice
 
-    monkeypatch.setattr(_select, "is_posix", lambda: False)
+    monkeypatch.setattr(_choice, "is_posix", lambda: False)
     with pytest.raises(trio_procown.DomainUnavailable, match="POSIX"):
         await trio_procown.run_owned("true", domain="process-group")
 

@@ -18,32 +18,31 @@ def test_natural_exit_with_empty_domain_signals_nothing() -> None:
     assert m.budget() == 0.5
     assert m.handle(Event.EOF) is Do.REAP
     assert m.handle(Event.REAPED) is Do.NOTHING
-    assert (m.cause, m.forced, m.domain_empty, m.output) == ("exited", False, True, "complete")
-    assert m.leftovers is False
+    assert (m.cause, m.forced, m.output) == ("exited", False, "complete")
 
 
 def test_leftovers_after_exit_get_the_full_ladder() -> None:
-    """Members that outlive the leader are terminated, and marked as leftovers."""
+    """Members that outlive the leader get the full ladder."""
     m = Escalation(BUDGETS)
     m.handle(Event.LEADER_EXITED)
     assert m.handle(Event.NOT_EMPTY) is Do.SIGNAL_GRACEFUL
     assert m.budget() == 2.0
     assert m.cause == "exited"
-    assert m.leftovers is True
 
 
 def test_timeout_that_needs_force() -> None:
-    """Grace expiring leads to SIGKILL and forced=True; kill_wait expiring means not proven empty."""
+    """Grace expiring leads to SIGKILL and forced=True; then the drain, abandoned when it expires."""
     m = Escalation(BUDGETS)
     assert m.handle(Event.STOP, cause="timed_out") is Do.SIGNAL_GRACEFUL
     assert m.handle(Event.EXPIRED) is Do.SIGNAL_FORCE
     assert m.forced is True
     assert m.budget() == 1.0
     assert m.handle(Event.EXPIRED) is Do.WAIT_DRAIN
-    assert m.domain_empty is False
     assert m.handle(Event.EXPIRED) is Do.ABANDON_DRAIN
     assert m.output == "abandoned"
     assert m.state is State.REAPING
+    assert m.handle(Event.ABANDONED) is Do.REAP
+    assert m.handle(Event.REAPED) is Do.NOTHING
 
 
 def test_graceful_success_is_not_forced() -> None:
@@ -52,7 +51,6 @@ def test_graceful_success_is_not_forced() -> None:
     m.handle(Event.STOP, cause="cancelled")
     assert m.handle(Event.EMPTY) is Do.WAIT_DRAIN
     assert m.forced is False
-    assert m.domain_empty is True
     assert m.cause == "cancelled"
 
 
@@ -73,10 +71,10 @@ def test_illegal_event_raises_and_changes_nothing(
     m = Escalation(BUDGETS)
     for ev, cause in setup:
         m.handle(ev, cause=cause)  # type: ignore[arg-type]
-    before = (m.state, m.cause, m.forced, m.domain_empty, m.output)
+    before = (m.state, m.cause, m.forced, m.output)
     with pytest.raises(IllegalTransition):
         m.handle(event, cause="error" if event is Event.STOP else None)
-    assert (m.state, m.cause, m.forced, m.domain_empty, m.output) == before
+    assert (m.state, m.cause, m.forced, m.output) == before
 
 
 def test_stop_needs_a_valid_cause() -> None:
@@ -92,3 +90,57 @@ def test_stop_needs_a_valid_cause() -> None:
 def test_budget_total_bounds_the_teardown() -> None:
     """The sum of the budgets is the teardown's bound."""
     assert BUDGETS.total == pytest.approx(3.5)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("terminate", Do.SIGNAL_GRACEFUL), ("report", Do.WAIT_DRAIN)]
+)
+def test_escapee_policy_decides_a_check_that_found_only_escapees(policy: str, expected: Do) -> None:
+    """Only escapees left after the leader exited: the ladder under "terminate", none under "report"."""
+    m = Escalation(BUDGETS, escapees=policy)  # type: ignore[arg-type]
+    m.handle(Event.LEADER_EXITED)
+    assert m.signals_escapees is (policy == "terminate")
+    assert m.handle(Event.ESCAPEES) is expected
+
+
+def test_unknown_escapee_policy_is_refused() -> None:
+    """A policy other than terminate/report raises ValueError."""
+    with pytest.raises(ValueError, match="escapees"):
+        Escalation(BUDGETS, escapees="ignore")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("setup", "forced_before"),
+    [
+        ([(Event.STOP, "timed_out")], False),
+        ([(Event.LEADER_EXITED, None)], False),
+        ([(Event.STOP, "cancelled"), (Event.EXPIRED, None)], True),
+        ([(Event.STOP, "cancelled"), (Event.EMPTY, None)], False),
+    ],
+)
+def test_a_starved_teardown_forces_once_then_finishes(
+    setup: list[tuple[Event, str | None]], forced_before: bool
+) -> None:
+    """The teardown's own deadline: SIGKILL now unless it was already sent, then reap; forced is set."""
+    m = Escalation(BUDGETS)
+    for ev, cause in setup:
+        m.handle(ev, cause=cause)  # type: ignore[arg-type]
+    assert m.forced is forced_before
+    expected = Do.REAP if forced_before else Do.FORCE_AND_REAP
+    assert m.handle(Event.DEADLINE) is expected
+    assert m.forced is True
+    assert m.state is State.REAPING
+    assert m.handle(Event.REAPED) is Do.NOTHING
+
+
+def test_deadline_is_not_an_event_of_a_running_command() -> None:
+    """Before any teardown there is no teardown deadline to pass."""
+    with pytest.raises(IllegalTransition):
+        Escalation(BUDGETS).handle(Event.DEADLINE)
+
+
+def test_defaults_are_the_documented_budgets() -> None:
+    """Grace 2 s, kill_wait 1 s, drain_wait 0.5 s: one place for every owner's defaults."""
+    from trio_procown._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
+
+    assert (DEFAULT_GRACE, DEFAULT_KILL_WAIT, DEFAULT_DRAIN_WAIT) == (2.0, 1.0, 0.5)

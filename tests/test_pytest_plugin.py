@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import psutil
 import pytest
 import trio
 
-from trio_procown import pytest_plugin
+from trio_procown import _leaks, _procfs, pytest_plugin
 from trio_procown.pytest_plugin import COOKIE_ENV, ProcessLeakError
 
 pytest_plugins = ["pytester"]
@@ -139,8 +141,8 @@ def _source(pytester: pytest.Pytester, body: str) -> str:
 @pytest.fixture(scope="module")
 def cgroup_reason() -> str | None:
     """Why the cgroup mechanism is unavailable here (None when it is available)."""
-    cg, note = pytest_plugin._probe_cgroups()
-    return None if cg is not None else note
+    tracker = _leaks.Tracker()
+    return None if tracker.cgroup_base() is not None else tracker.cgroup_note
 
 
 @pytest.fixture(params=["cgroup", "cookie"])
@@ -154,7 +156,7 @@ def mechanism(request: pytest.FixtureRequest, cgroup_reason: str | None) -> str:
 def test_leaked_sleep_fails_with_a_report(
     pytester: pytest.Pytester, recorded: Recorded, mechanism: str
 ) -> None:
-    """A test that leaks `sleep 30` errors at teardown with a report naming it; the sleep is terminated."""
+    """A test that leaks `sleep 30` errors at teardown with a report naming it and its fate (terminated)."""
     pytester.makepyfile(test_leak=_source(pytester, LEAK))
     before = os.environ.get(COOKIE_ENV)
     result = pytester.runpytest("--procown-leaks=fail", f"--procown-leaks-mechanism={mechanism}")
@@ -167,7 +169,7 @@ def test_leaked_sleep_fails_with_a_report(
             f"*pid {pid}: sleep 30",
             "*started by: test_leak.py::test_leak (during call); lived * s",
             f"*parent: pid {os.getpid()} (*",
-            "*found by: *cookie*; terminated (SIGTERM)",
+            "*found by: *cookie*; fate: terminated",
         ]
     )
     if mechanism == "cgroup":
@@ -191,7 +193,7 @@ def test_daemon():
     result = pytester.runpytest("--procown-leaks=fail", f"--procown-leaks-mechanism={mechanism}")
     (pid,) = recorded.pids()
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines([f"*pid {pid}: *python*", "*found by: *cookie*; terminated (SIGTERM)"])
+    result.stdout.fnmatch_lines([f"*pid {pid}: *python*", "*found by: *cookie*; fate: terminated"])
     assert recorded.alive() == []
 
 
@@ -213,7 +215,7 @@ def test_fork():
     result = pytester.runpytest_subprocess("--procown-leaks=fail", "--procown-leaks-mechanism=cookie")
     (pid,) = recorded.pids()
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines([f"*pid {pid}: *", "*found by: fork log; terminated (SIGTERM)"])
+    result.stdout.fnmatch_lines([f"*pid {pid}: *", "*found by: fork log; fate: terminated"])
     assert recorded.alive() == []
 
 
@@ -231,7 +233,7 @@ def test_scrubbed():
     result = pytester.runpytest("--procown-leaks=fail")
     (pid,) = recorded.pids()
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines([f"*pid {pid}: /bin/sleep 30", "*found by: cgroup; terminated (SIGTERM)"])
+    result.stdout.fnmatch_lines([f"*pid {pid}: /bin/sleep 30", "*found by: cgroup; fate: terminated"])
     assert recorded.alive() == []
 
 
@@ -278,7 +280,7 @@ def test_keep_reports_without_terminating(pytester: pytest.Pytester, recorded: R
     result = pytester.runpytest("--procown-leaks=fail", "--procown-leaks-keep")
     (pid,) = recorded.pids()
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*found by: *cookie*; left running (keep)"])
+    result.stdout.fnmatch_lines(["*found by: *cookie*; fate: alive (kept running, as asked)"])
     result.stdout.fnmatch_lines(
         ["*procown: processes left behind*", f"still running, as asked (keep): pid {pid}"], consecutive=True
     )
@@ -379,6 +381,117 @@ def test_two(server):
     assert recorded.alive() == []
 
 
+# Pool tests run pytest in a subprocess: an in-process run re-imports
+# concurrent.futures, whose pickled work items then fail to match the pool's.
+POOL = """
+from concurrent.futures import ProcessPoolExecutor
+
+def worker_pid(pool):
+    pid = pool.submit(os.getpid).result()
+    record(pid)
+    return pid
+"""
+
+
+def test_session_pool_workers_are_not_a_tests_leak(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """A session fixture's pool starts its workers lazily inside a test: both tests pass and keep the pool."""
+    body = """
+@pytest.fixture(scope="session")
+def pool():
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        yield pool
+
+def test_first(pool):
+    assert worker_pid(pool) != os.getpid()
+
+def test_second(pool):
+    assert pool.submit(pow, 2, 5).result() == 32
+"""
+    pytester.makepyfile(test_pool=_source(pytester, POOL + body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*left * process(es) running*")
+    assert recorded.alive() == []  # shut down by the fixture
+
+
+def test_a_pool_the_test_created_is_its_leak(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """A pool the test itself created and left running is the test's leak, named as a pool worker."""
+    body = """
+POOLS = []
+
+def test_own_pool():
+    pool = ProcessPoolExecutor(max_workers=1)
+    POOLS.append(pool)  # never shut down
+    worker_pid(pool)
+"""
+    pytester.makepyfile(test_pool=_source(pytester, POOL + body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_own_pool*",
+            f"*pid {pid}: *",
+            "*what: a worker of a concurrent.futures.ProcessPoolExecutor",
+            "*started by: test_pool.py::test_own_pool (during call)*",
+            "*found by: cgroup, fork log; fate: terminated",
+        ]
+    )
+    assert recorded.alive() == []
+
+
+def test_a_spared_pool_never_shut_down_is_reported_at_the_end(
+    pytester: pytest.Pytester, recorded: Recorded
+) -> None:
+    """A session pool's workers alive after the session are its leak, naming the test that started them."""
+    body = """
+POOLS = []
+
+@pytest.fixture(scope="session")
+def pool():
+    POOLS.append(ProcessPoolExecutor(max_workers=1))  # never shut down, still referenced
+    return POOLS[-1]
+
+def test_uses_pool(pool):
+    worker_pid(pool)
+"""
+    pytester.makepyfile(test_pool=_source(pytester, POOL + body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*procown: processes left behind*",
+            "the test session (outside any test) left 1 process(es) running:",
+            f"*pid {pid}: *",
+            "*what: a worker of a concurrent.futures.ProcessPoolExecutor held by session-scoped fixture pool",
+            "*started by: test_pool.py::test_uses_pool (during call)*",
+        ]
+    )
+    assert recorded.alive() == []
+
+
+def test_no_leaks_in_a_plain_script() -> None:
+    """trio_procown.NoLeaks needs no pytest: a script's leaking block raises ProcessLeakError."""
+    script = """
+import subprocess, sys
+import trio_procown
+
+try:
+    with trio_procown.NoLeaks(owner="the script's block"):
+        proc = subprocess.Popen(["sleep", "30"])
+except trio_procown.ProcessLeakError as exc:
+    (leak,) = exc.leaks
+    assert isinstance(exc, AssertionError) and "the script's block left 1 process(es)" in str(exc)
+    print(leak.pid == proc.pid, leak.fate)
+    proc.wait()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30, check=False)
+    assert done.stdout == b"True terminated\n", done.stderr.decode()
+
+
 def test_trio_mode_and_procown_command(pytester: pytest.Pytester, recorded: Recorded) -> None:
     """trio_mode: leaks from async tests are caught; procown_command's receipts go to failure reports."""
     pytester.makeini("[pytest]\ntrio_mode = true\nfilterwarnings = default\n")
@@ -424,7 +537,7 @@ def test_clean(n):
     result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--procown-leaks=fail")
     (pid,) = recorded.pids()
     result.assert_outcomes(passed=4, errors=1)
-    result.stdout.fnmatch_lines([f"*pid {pid}: sleep 30", "*terminated (SIGTERM)"])
+    result.stdout.fnmatch_lines([f"*pid {pid}: sleep 30", "*fate: terminated"])
     assert recorded.alive() == []
 
 
@@ -434,7 +547,7 @@ def test_no_leaks_block_raises_and_terminates(procown_no_leaks: pytest_plugin.No
         pid = os.posix_spawnp("sleep", ["sleep", "30"], os.environ)
     try:
         (leak,) = info.value.leaks
-        assert (leak.pid, leak.cmdline, leak.fate) == (pid, "sleep 30", "terminated (SIGTERM)")
+        assert (leak.pid, leak.cmdline, leak.fate) == (pid, "sleep 30", "terminated")
         assert "a procown_no_leaks block in" in str(info.value)
     finally:
         _kill_child(pid)
@@ -444,11 +557,11 @@ def test_no_leaks_block_raises_and_terminates(procown_no_leaks: pytest_plugin.No
 
 
 def test_no_leaks_block_keep(procown_no_leaks: pytest_plugin.NoLeaksFactory) -> None:
-    """keep=True reports the leak without signalling it."""
+    """keep=True reports the leak (alive, kept as asked) without signalling it."""
     with pytest.raises(ProcessLeakError) as info, procown_no_leaks(keep=True):
         pid = os.posix_spawnp("sleep", ["sleep", "30"], os.environ)
     try:
-        assert [leak.fate for leak in info.value.leaks] == ["left running (keep)"]
+        assert [(leak.fate, leak.note) for leak in info.value.leaks] == [("alive", "kept running, as asked")]
         assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     finally:
         _kill_child(pid)
@@ -493,23 +606,21 @@ def _kill_child(pid: int) -> None:
 
 
 def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
-    """The narrowed cookie scan finds a process created after the mark; without a sound bound it scans all."""
-    mark = pytest_plugin._pid_mark()
+    """The cookie scan finds a process created after the mark, narrowed or (without a sound bound) in full."""
+    mark = _procfs.pid_mark()
     if mark is None:
         pytest.skip("no /proc")
     token = "feedfacecafebeef"
     env = dict(os.environ, **{COOKIE_ENV: f"other.call:{token}.call"})
     pid = os.posix_spawnp("sleep", ["sleep", "30"], env)
     try:
-        assert pytest_plugin._cookie_scan(token, mark) == {pid: "call"}
-        assert pytest_plugin._cookie_scan(token) == {pid: "call"}
+        assert _leaks.cookie_scan(token, mark) == {pid: "call"}
+        assert _leaks.cookie_scan(token) == {pid: "call"}
         # More clones since the mark than pids exist on any Linux (pid_max is at
         # most PID_MAX_LIMIT = 2**22), so no narrow range can be proven complete.
-        unsound = pytest_plugin._PidMark(last_pid=mark.last_pid, forks=mark.forks - 2**22, tasks=mark.tasks)
-        pids, may_be_threads = pytest_plugin._candidate_pids(unsound)
-        assert os.getppid() in pids
-        assert pid in pids
-        assert not may_be_threads
+        unsound = _procfs.PidMark(last_pid=mark.last_pid, forks=mark.forks - 2**22, tasks=mark.tasks)
+        assert _procfs.ranges_since(unsound) is None
+        assert _leaks.cookie_scan(token, unsound) == {pid: "call"}
     finally:
         _kill_child(pid)
 
@@ -517,6 +628,6 @@ def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
 def test_pid_mark_is_keyword_only() -> None:
     """PidMark fields cannot be passed positionally (their order was once swapped by a caller)."""
     with pytest.raises(TypeError):
-        pytest_plugin._PidMark(1, 2, 3)  # type: ignore[misc]
-    mark = pytest_plugin._PidMark(last_pid=1, forks=2, tasks=3)
+        _procfs.PidMark(1, 2, 3)  # type: ignore[call-arg]
+    mark = _procfs.PidMark(last_pid=1, forks=2, tasks=3)
     assert (mark.last_pid, mark.forks, mark.tasks) == (1, 2, 3)

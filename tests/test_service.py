@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import shlex
 import socket
+import sys
 
 import pytest
 import trio
@@ -11,6 +14,7 @@ import trio
 import trio_procown
 from conftest import py
 from helpers import alive
+from trio_procown import _ready
 
 
 def _free_port() -> int:
@@ -68,8 +72,9 @@ async def test_output_keeps_its_single_drain_across_the_handoff() -> None:
             await trio.sleep(0)
             await run.hand_off(owner, reason="test")
         with trio.fail_after(10):
-            while not run.stdout.endswith(b"after\n"):
-                await run._drains["stdout"].wait_changed()
+            async for _ in run.stream():
+                if run.stdout.endswith(b"after\n"):
+                    break
     assert run.stdout == b"before\nafter\n"
 
 
@@ -85,7 +90,7 @@ async def test_handoff_twice_or_after_exit_is_an_error() -> None:
             with pytest.raises(trio_procown.HandoffError, match="no longer running"):
                 await done.hand_off(owner, reason="too late")
     async with trio_procown.open_owned_command("sleep 30", timeout=1) as late:
-        with pytest.raises(trio_procown.HandoffError, match="closed"):
+        with pytest.raises(trio_procown.OwnerClosed, match="closed"):
             await late.hand_off(owner, reason="owner gone")
         await late.terminate()
 
@@ -124,6 +129,92 @@ async def test_ready_by_port_with_a_real_http_server(tmp_path: object) -> None:
     assert web.receipt is not None
     assert web.receipt.domain_empty
     assert not alive(web.receipt.pid)
+
+
+NEEDS_PROC_NET = pytest.mark.skipif(
+    not os.path.exists("/proc/net/tcp"), reason="telling whose listener it is needs /proc/net (Linux)"
+)
+
+
+def _listener(reuse_port: bool = False) -> socket.socket:
+    """A TCP socket listening on a free port of 127.0.0.1, opened by the test."""
+    sock = socket.socket()
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+# A service listening on 127.0.0.1:{port} with SO_REUSEPORT; it says so once it does.
+REUSEPORT_SERVER = (
+    "import socket, time\n"
+    "s = socket.socket()\n"
+    "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+    "s.bind(('127.0.0.1', {port}))\n"
+    "s.listen()\n"
+    "print('listening', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+@NEEDS_PROC_NET
+async def test_ready_port_ignores_a_listener_that_was_there_before() -> None:
+    """A port someone else listens on does not make a service that never listens ready."""
+    with _listener() as stale:
+        port = stale.getsockname()[1]
+        async with trio_procown.open_service_owner() as owner:
+            with pytest.raises(trio_procown.ServiceNotReady, match="not ready after") as info:
+                await owner.start("echo up; sleep 30", ready=trio_procown.ready_port(port), ready_timeout=0.5)
+    assert info.value.receipt is not None
+    assert info.value.receipt.domain_empty
+
+
+@NEEDS_PROC_NET
+async def test_ready_port_finds_the_services_listener_beside_another() -> None:
+    """A service's child listening beside an older listener on the same port (SO_REUSEPORT) is ready."""
+    with _listener(reuse_port=True) as stale:
+        port = stale.getsockname()[1]
+        async with trio_procown.open_service_owner() as owner:
+            server = shlex.join(py(REUSEPORT_SERVER.format(port=port))) + "; exit $?"  # sh's child
+            svc = await owner.start(server, ready=trio_procown.ready_port(port), ready_timeout=10)
+            assert b"listening" in svc.stdout
+    assert svc.receipt is not None
+    assert svc.receipt.domain_empty
+
+
+async def test_ready_port_any_listener_accepts_someone_elses() -> None:
+    """any_listener=True is satisfied by a listener outside the service's domain."""
+    with _listener() as other:
+        port = other.getsockname()[1]
+        async with trio_procown.open_service_owner() as owner:
+            svc = await owner.start(
+                "sleep 30", ready=trio_procown.ready_port(port, any_listener=True), ready_timeout=10
+            )
+            assert svc.state.value == "ready"
+
+
+@NEEDS_PROC_NET
+def test_listening_inodes_and_socket_inodes_name_the_same_socket() -> None:
+    """/proc/net/tcp's LISTEN entry for a port and the holder's fd show one socket inode."""
+    with _listener() as sock:
+        port = sock.getsockname()[1]
+        inode = os.fstat(sock.fileno()).st_ino
+        assert _ready.listening_inodes("127.0.0.1", port) == {inode}
+        held = _ready.socket_inodes(os.getpid())
+        assert held is not None
+        assert inode in held
+        # An address this machine does not listen on: nothing to tell.
+        assert not _ready.listening_inodes("192.0.2.1", port)
+
+
+def test_proc_net_address_reads_the_kernels_word_order() -> None:
+    """/proc/net/tcp{,6} addresses are 32-bit words in host byte order."""
+    little = sys.byteorder == "little"
+    v4 = "0100007F" if little else "7F000001"
+    v6 = "00000000000000000000000001000000" if little else "00000000000000000000000000000001"
+    assert _ready.proc_net_address(v4) == ipaddress.ip_address("127.0.0.1")
+    assert _ready.proc_net_address(v6) == ipaddress.ip_address("::1")
 
 
 async def test_ready_by_file_and_predicate(tmp_path: object) -> None:
@@ -221,8 +312,34 @@ async def test_owner_exit_under_cancellation_tears_down_all_within_budget() -> N
         assert not alive(svc.receipt.pid)
 
 
+async def test_start_on_a_closed_owner_raises_owner_closed() -> None:
+    """start() on an owner whose block is over raises OwnerClosed, a ServiceError; nothing runs."""
+    async with trio_procown.open_service_owner("gone") as owner:
+        pass
+    with pytest.raises(trio_procown.OwnerClosed, match="'gone' is closed") as info:
+        await owner.start("sleep 30")
+    assert isinstance(info.value, trio_procown.ServiceError)
+    assert owner.services == []
+
+
 async def test_start_rejects_a_timeout() -> None:
     """A service has no timeout; passing one is a ValueError."""
     async with trio_procown.open_service_owner() as owner:
         with pytest.raises(ValueError, match="no timeout"):
             await owner.start("sleep 1", timeout=1)
+
+
+async def test_handoff_after_a_stream_reached_eof() -> None:
+    """A command whose stderr already reached EOF can be handed off: the owner does not restart a
+    finished drain (it crashed with AssertionError before)."""
+    code = "import os, sys, time\nos.close(2)\nprint('ready', flush=True)\ntime.sleep(30)\n"
+    async with trio_procown.open_service_owner() as owner, trio_procown.open_owned_command(py(code)) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        with trio.fail_after(5):
+            async for _ in run.stream("stderr"):
+                pass  # ends at EOF: the drain is done
+        await run.hand_off(owner, reason="test")
+    assert run.receipt is not None
+    assert run.receipt.cause == "stopped"

@@ -2,33 +2,37 @@
 starts, tears it all down within a bound, and leaves a receipt."""
 
 from ._census import COOKIE_VAR as COOKIE_VAR
+from ._choice import DomainOption as DomainOption
+from ._choice import auto_choice as auto_choice
+from ._choice import available_domains as available_domains
 from ._command import CAPTURE as CAPTURE
 from ._command import DEVNULL as DEVNULL
 from ._command import STDOUT as STDOUT
-from ._command import HandoffError as HandoffError
 from ._command import OwnedCommand as OwnedCommand
 from ._command import OwnedResult as OwnedResult
 from ._command import open_owned_command as open_owned_command
 from ._command import run_owned as run_owned
-from ._domain import DomainUnavailable as DomainUnavailable
+from ._errors import DomainUnavailable as DomainUnavailable
+from ._errors import HandoffError as HandoffError
+from ._errors import OwnerClosed as OwnerClosed
+from ._errors import ProcessLeakError as ProcessLeakError
+from ._errors import ProcownError as ProcownError
+from ._errors import ServiceError as ServiceError
+from ._errors import ServiceNotReady as ServiceNotReady
+from ._leaks import NoLeaks as NoLeaks
+from ._ready import ready_file as ready_file
+from ._ready import ready_line as ready_line
+from ._ready import ready_port as ready_port
+from ._ready import ready_when as ready_when
 from ._receipt import Action as Action
 from ._receipt import HandoffReceipt as HandoffReceipt
 from ._receipt import ProcessRecord as ProcessRecord
 from ._receipt import Receipt as Receipt
 from ._receipt import Step as Step
 from ._receipt import StreamRecord as StreamRecord
-from ._select import DomainOption as DomainOption
-from ._select import auto_choice as auto_choice
-from ._select import available_domains as available_domains
 from ._service import Service as Service
-from ._service import ServiceError as ServiceError
-from ._service import ServiceNotReady as ServiceNotReady
 from ._service import ServiceOwner as ServiceOwner
 from ._service import open_service_owner as open_service_owner
-from ._service import ready_file as ready_file
-from ._service import ready_line as ready_line
-from ._service import ready_port as ready_port
-from ._service import ready_when as ready_when
 from ._subreaper import enable_subreaper as enable_subreaper
 
 __all__ = [
@@ -41,9 +45,13 @@ __all__ = [
     "DomainUnavailable",
     "HandoffError",
     "HandoffReceipt",
+    "NoLeaks",
     "OwnedCommand",
     "OwnedResult",
+    "OwnerClosed",
+    "ProcessLeakError",
     "ProcessRecord",
+    "ProcownError",
     "Receipt",
     "Service",
     "ServiceError",

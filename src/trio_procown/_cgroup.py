@@ -32,13 +32,15 @@ import os
 import secrets
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import cache
+from typing import Literal
 
 import trio
 
 from . import _inotify, _pidfd, _procfs
-from ._domain import Domain, DomainUnavailable, ProcessGroupDomain, Sent, describe_error, killpg_owned
+from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned
+from ._errors import DomainUnavailable
 from ._leader import Leader
 from ._placement import shim_argv
 from ._procfs import ProcessTable, ProcInfo
@@ -98,15 +100,7 @@ def own_cgroup_dir() -> str | None:
     mount = cgroup2_mount()
     if mount is None:
         return None
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    rel = line[3:].strip().lstrip("/")
-                    return os.path.join(mount, rel) if rel else mount
-    except OSError:
-        return None
-    return mount
+    return cgroup_of("self") or mount
 
 
 def default_root() -> str | None:
@@ -181,6 +175,132 @@ def _usable_root(root: str | None) -> str:
         msg = "the cgroup domain is unavailable: no cgroup v2 hierarchy is mounted"
         raise DomainUnavailable(msg)
     return _usable_root_cached(root)
+
+
+# -- cgroup files ------------------------------------------------------------
+# Synchronous operations on any cgroup v2 directory, shared by the domain
+# below and the pytest plugin's leak windows (_leaks.py).
+
+
+def cgroup_of(pid: int | Literal["self"] = "self") -> str | None:
+    """The cgroup v2 directory `pid` is in (zombies included), or None."""
+    try:
+        with open(f"/proc/{pid}/cgroup", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    for line in lines:
+        if line.startswith(b"0::"):
+            return os.path.normpath(os.path.join(mount, os.fsdecode(line[3:]).lstrip("/")))
+    return None
+
+
+def move(pid: int, path: str) -> None:
+    """Move the process `pid` (every thread of it) into the cgroup `path`."""
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(pid).encode())
+    finally:
+        os.close(fd)
+
+
+def populated(path: str) -> bool:
+    """Does cgroup.events of `path` say "populated 1"? False once the cgroup
+    is gone. A file that cannot be read raises OSError: it proves nothing."""
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f:
+                key, _, value = line.partition(b" ")
+                if key == b"populated":
+                    return value.strip() != b"0"
+    except FileNotFoundError:
+        if os.path.isdir(path):
+            raise
+        return False
+    return True  # no "populated" line: nothing proves it empty
+
+
+def subtree(path: str) -> list[str]:
+    """The cgroup `path` and its descendants, deepest first."""
+    found = []
+    try:
+        for top, _dirs, _files in os.walk(path, topdown=False):
+            found.append(top)
+    except OSError:
+        pass
+    return found or [path]
+
+
+def tree_pids(path: str, failures: list[str] | None = None) -> list[int]:
+    """Every pid listed in the cgroup `path` and its descendants; a listing
+    that cannot be read is described in `failures`."""
+    pids: list[int] = []
+    for where in subtree(path):
+        try:
+            with open(os.path.join(where, "cgroup.procs")) as f:
+                pids.extend(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            if failures is not None:
+                failures.append(f"reading {where}/cgroup.procs: {exc}")
+    return pids
+
+
+def kill(path: str) -> None:
+    """SIGKILL the whole cgroup tree `path` atomically (cgroup.kill, Linux
+    5.14+). FileNotFoundError: no cgroup.kill, or no cgroup."""
+    with open(os.path.join(path, "cgroup.kill"), "w") as f:
+        f.write("1")
+
+
+def signal_each(
+    pids: list[int], sigs: tuple[int, ...], listed: Callable[[], Collection[int]], failed: list[str]
+) -> int:
+    """Send `sigs` to each pid through a pidfd kept only if the pid is still
+    in `listed()` after opening it (never a recycled pid); count reached.
+    Every refusal is described in `failed` and the next pid is still tried."""
+    fds: dict[int, int | None] = {}
+    for pid in pids:
+        try:
+            fds[pid] = _pidfd.open_pidfd(pid)
+        except OSError as exc:
+            failed.append(f"pid {pid}: {describe_error(exc)}")
+    still = set(listed())
+    sent = 0
+    for pid, fd in fds.items():
+        if fd is None:
+            continue
+        try:
+            if pid in still and _pidfd.send(fd, sigs[0]):
+                for sig in sigs[1:]:
+                    _pidfd.send(fd, sig)
+                sent += 1
+        except OSError as exc:
+            failed.append(f"pid {pid}: {describe_error(exc)}")
+        finally:
+            _pidfd.close(fd)
+    return sent
+
+
+def remove_tree(path: str) -> tuple[list[str], list[tuple[str, OSError]]]:
+    """Remove the cgroup `path` and its descendants, deepest first: the
+    cgroups removed, and those that could not be, with why."""
+    removed: list[str] = []
+    kept: list[tuple[str, OSError]] = []
+    for where in subtree(path):
+        try:
+            os.rmdir(where)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            kept.append((where, exc))
+            continue
+        removed.append(where)
+    return removed, kept
 
 
 class CgroupDomain(Domain):

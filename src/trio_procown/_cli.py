@@ -30,10 +30,10 @@
 #
 # The pumps follow the drain *losslessly*: when our reader is slower than the
 # command, the drain holds back and the command's writes block, as they
-# would under GNU timeout, instead of bytes being skipped. As a safety net
-# each pump counts what it passed on; if that is ever less than the receipt
-# says was read (a drain abandoned at teardown, say), procown says how many
-# bytes were not passed on and exits 125 rather than pass a gap for success.
+# would under GNU timeout; no byte is skipped. As a safety net each pump
+# counts what it passed on; if that is ever less than the receipt says was
+# read (a drain abandoned at teardown, say), procown says how many bytes
+# were not passed on and exits 125 rather than pass a gap for success.
 # procown's stdin (fd 0) is inherited by the command as is, as under GNU
 # timeout: the same open file description, so a file offset is shared (in
 # `{ head -c 3 >/dev/null; procown run -- cat; } < f` cat reads on from byte
@@ -43,6 +43,8 @@
 # fd 0.
 #
 # Argument errors print one line (`procown: error: ...`) and exit 125.
+#
+# `procown demo` lives in _demo.py.
 
 from __future__ import annotations
 
@@ -63,12 +65,11 @@ import trio
 
 from . import __version__
 from ._cgroup import spawn_cost_note
+from ._choice import auto_choice, available_domains
 from ._command import OwnedCommand, open_owned_command
-from ._domain import DomainUnavailable
 from ._drain import DEFAULT_MAX_OUTPUT
-from ._procfs import read_stat
+from ._errors import CliError, DomainUnavailable
 from ._receipt import Receipt
-from ._select import auto_choice, available_domains
 
 EXIT_TIMEOUT = 124  # the --timeout expired
 EXIT_PROCOWN = 125  # procown itself failed
@@ -89,7 +90,7 @@ examples:
 EPILOG = """\
 exit status (GNU timeout's conventions):
   N      the command's own status when it exits by itself
-  128+N  the command was killed by signal N (not by procown's teardown)
+  128+N  the command died of signal N by itself (not by procown's teardown)
   124    the --timeout expired; the command was torn down
   125    procown itself failed (bad option, domain unavailable, bad --cwd, ...,
          or output not passed on because a drain was abandoned at teardown)
@@ -97,6 +98,9 @@ exit status (GNU timeout's conventions):
   127    the command was not found
   128+N  procown received signal N (SIGHUP 129, SIGINT 130, SIGTERM 143),
          tore the command down, then exited (141 when its output pipe broke)
+  Telling the two 128+N apart: only 129, 130, 141 and 143 can be procown's
+  own; for those, the receipt (--receipt) tells: cause=cancelled means
+  procown received the signal, otherwise the command died of signal N.
 """
 
 RUN_DESCRIPTION = """\
@@ -106,10 +110,6 @@ SIGHUP, whatever is left of it is torn down (SIGTERM, --grace seconds,
 SIGKILL, --kill-wait seconds) before procown exits. The command's stdout and
 stderr stream through live, kept apart; procown's stdin is passed to it.
 """
-
-
-class CliError(Exception):
-    """An error of procown itself, reported on one line; exit status 125."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -264,7 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.subcommand == "doctor":
             return doctor()
         if args.subcommand == "demo":
-            return trio.run(_stoppable_demo)
+            from ._demo import run_demo  # here: _demo builds on this module
+
+            return run_demo()
         command = list(args.command)
         if command and command[0] == "--":
             command = command[1:]
@@ -344,7 +346,7 @@ def run_command(options: RunOptions) -> int:
     return status
 
 
-class _Stopper:
+class Stopper:
     """Remembers the first stop signal and cancels the current stage."""
 
     def __init__(self) -> None:
@@ -395,7 +397,7 @@ class _Sink:
             self.stream.flush()
 
 
-async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: _Stopper) -> None:
+async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: Stopper) -> None:
     """Forward one stream of the command, chunk by chunk, as it arrives."""
     try:
         async for chunk in chunks:
@@ -407,17 +409,21 @@ async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: _Stopper) ->
 
 
 async def _run(options: RunOptions, stdin: int | None) -> tuple[int, Receipt | None]:
-    stopper = _Stopper()
+    stopper = Stopper()
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stopper.watch, signals)
             try:
-                return await _own(options, stopper, stdin)
+                return await _run_and_forward(options, stopper, stdin)
             finally:
                 nursery.cancel_scope.cancel()
 
 
-async def _own(options: RunOptions, stopper: _Stopper, stdin: int | None) -> tuple[int, Receipt | None]:
+async def _run_and_forward(
+    options: RunOptions, stopper: Stopper, stdin: int | None
+) -> tuple[int, Receipt | None]:
+    """Run the command owned, forward its output as it arrives, and return
+    the exit status and the receipt (None when nothing could be started)."""
     run: OwnedCommand | None = None
     sinks = {"stdout": _Sink(sys.stdout), "stderr": _Sink(sys.stderr)}
     forwarding = trio.CancelScope()
@@ -477,9 +483,9 @@ async def _own(options: RunOptions, stopper: _Stopper, stdin: int | None) -> tup
         signum = stopper.signum
         return (SIGNAL_BASE + signum if signum is not None else EXIT_PROCOWN), receipt
     status = exit_status(receipt)
-    # The drain never waits for us: if our reader was so slow that we fell
-    # more than the kept tail behind the command, bytes were skipped. Never
-    # let that pass for success.
+    # The pumps are lossless, so a gap means bytes the drain read but never
+    # handed on (it was abandoned at teardown). Never let that pass for
+    # success.
     for record in receipt.streams:
         sink = sinks.get(record.name)
         if sink is not None and sink.forwarded < record.captured:
@@ -545,128 +551,3 @@ def doctor() -> int:
         lines.append(f"note: {note}")
     print("\n".join(lines), flush=True)
     return status
-
-
-# -- procown demo --------------------------------------------------------------
-
-_DEMO_GRANDCHILD = "sleep 30 & echo started $!; sleep 30"
-_DEMO_STUBBORN = (
-    "import signal, time\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "print('ignoring SIGTERM', flush=True)\n"
-    "time.sleep(30)\n"
-)
-_DEMO_EARLY = "import time\nprint('early output', flush=True)\ntime.sleep(30)\n"
-
-
-def _show(heading: str, shown: str, run: OwnedCommand, checks: dict[str, bool]) -> bool:
-    receipt = run.receipt
-    assert receipt is not None
-    print(f"\n== {heading}")
-    print(f"$ {shown}")
-    for name, data in (("stdout", run.stdout), ("stderr", run.stderr)):
-        if data:
-            print(f"{name}: {data.decode(errors='replace')!r}")
-    if receipt.cause != "cancelled":
-        print(f"(`procown run` would exit with status {exit_status(receipt)})")
-    print(receipt.summary())
-    failed = [name for name, ok in checks.items() if not ok]
-    if failed:
-        print(f"UNEXPECTED: {', '.join(failed)}")
-    else:
-        print(f"ok: {', '.join(checks)}")
-    sys.stdout.flush()
-    return not failed
-
-
-def _gone(pid: int) -> bool:
-    """True when `pid` no longer runs (absent, or a zombie awaiting its reaper)."""
-    info = read_stat(pid)
-    return info is None or info.zombie
-
-
-async def _stoppable_demo() -> int:
-    """The demo, ended (after the teardown of what it runs) by a stop signal."""
-    stopper = _Stopper()
-    status = EXIT_PROCOWN
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stopper.watch, signals)
-            with trio.CancelScope() as scope:
-                stopper.scope = scope
-                status = await demo()
-            nursery.cancel_scope.cancel()
-    if scope.cancelled_caught and stopper.signum is not None:
-        print(f"\ninterrupted by {signal.Signals(stopper.signum).name}", flush=True)
-        return SIGNAL_BASE + stopper.signum
-    return status
-
-
-async def demo() -> int:
-    """`procown demo`: four owned commands and their receipts."""
-    python = sys.executable
-    results = []
-
-    async with open_owned_command(["echo", "hello"]) as run:
-        await run.wait()
-    receipt = run.receipt
-    assert receipt is not None
-    results.append(
-        _show(
-            "1. A natural exit",
-            "echo hello",
-            run,
-            {"cause exited": receipt.cause == "exited", "status 0": receipt.returncode == 0},
-        )
-    )
-
-    async with open_owned_command(_DEMO_GRANDCHILD, timeout=1) as run:
-        await run.wait()
-    receipt = run.receipt
-    assert receipt is not None
-    words = run.stdout.split()
-    grandchild = int(words[1]) if len(words) == 2 and words[1].isdigit() else None
-    results.append(
-        _show(
-            "2. A timeout that also ends the grandchild the shell forked",
-            f"procown run --timeout 1 -- sh -c '{_DEMO_GRANDCHILD}'",
-            run,
-            {
-                "cause timed_out": receipt.cause == "timed_out",
-                "domain empty": receipt.domain_empty,
-                f"grandchild (pid {grandchild}) terminated": grandchild is not None and _gone(grandchild),
-            },
-        )
-    )
-
-    async with open_owned_command([python, "-c", _DEMO_STUBBORN], timeout=1, grace=0.5) as run:
-        await run.wait()
-    receipt = run.receipt
-    assert receipt is not None
-    results.append(
-        _show(
-            "3. A command that ignores SIGTERM: SIGKILL after the grace period",
-            "procown run --timeout 1 --grace 0.5 -- python -c '<ignore SIGTERM; sleep 30>'",
-            run,
-            {"forced": receipt.forced, "killed by SIGKILL": receipt.returncode == -signal.SIGKILL},
-        )
-    )
-
-    with trio.move_on_after(1):
-        async with open_owned_command([python, "-c", _DEMO_EARLY]) as run:
-            await run.wait()
-    receipt = run.receipt
-    assert receipt is not None
-    results.append(
-        _show(
-            "4. An outer cancel (trio.move_on_after(1), no timeout of its own): output kept",
-            "python -c '<print early output; sleep 30>'",
-            run,
-            {
-                "cause cancelled": receipt.cause == "cancelled",
-                "early output kept": run.stdout == b"early output\n",
-            },
-        )
-    )
-    print(f"\n{sum(results)} of {len(results)} receipts as expected.")
-    return 0 if all(results) else 1

@@ -32,25 +32,13 @@ from dataclasses import dataclass
 import trio
 
 from . import _pidfd, _procfs
+from ._errors import DomainUnavailable as DomainUnavailable
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
 
 # While waiting for a member to exit, how often to check that it is still a
 # member.
 RECHECK_INTERVAL = 0.05
-
-
-class DomainUnavailable(RuntimeError):
-    """The requested ownership domain cannot be used on this machine; the
-    message says why.
-
-    Synopsis::
-
-        try:
-            result = await trio_procown.run_owned(cmd, domain="cgroup")
-        except trio_procown.DomainUnavailable as exc:
-            print("no cgroup here:", exc)
-    """
 
 
 def describe_error(exc: OSError) -> str:

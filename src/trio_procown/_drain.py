@@ -161,6 +161,8 @@ class Drain:
         the record and the consumers carry over, and at no moment do two
         tasks read the pipe.
         """
+        if self.done.is_set():
+            return  # reached EOF (or was abandoned) before a handoff restarted it
         fd = self.fd
         assert fd is not None
         append = self.capture.append

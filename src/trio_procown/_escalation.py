@@ -13,6 +13,15 @@
 #
 #   DRAINING (wait ≤ drain_wait for EOF) ──eof / expired (abandon)──▶ REAPING ──▶ DONE
 #
+#   any state of the teardown ──deadline (the loop was starved past the
+#   teardown's own bound)──▶ REAPING: SIGKILL now unless already forced, a
+#   last short wait, then the receipt from what is seen.
+#
+# The machine also holds the escapee policy: whether processes the census
+# finds outside the domain get the ladder ("terminate") or are only listed
+# ("report"). A check that finds only escapees counts as empty under
+# "report".
+#
 # Every state that waits has a budget, so the time from leaving RUNNING to
 # DONE is at most grace + kill_wait + drain_wait plus the cost of the actions
 # themselves. The machine does no I/O: the driver (_command.py) asks it for
@@ -25,8 +34,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal
 
 from ._receipt import Cause, OutputState
+
+EscapeePolicy = Literal["terminate", "report"]
+
+# The library's default budgets, shared by every owner (commands, services,
+# the pytest plugin's leak teardown).
+DEFAULT_GRACE = 2.0
+DEFAULT_KILL_WAIT = 1.0
+DEFAULT_DRAIN_WAIT = 0.5
 
 
 class State(enum.Enum):
@@ -43,10 +61,13 @@ class Event(enum.Enum):
     LEADER_EXITED = "leader exited"
     STOP = "stop"  # carries a cause: timed_out, cancelled, error or stopped
     EMPTY = "empty"  # nothing owned is alive
-    NOT_EMPTY = "not empty"  # a check found owned processes alive
+    NOT_EMPTY = "not empty"  # a check found owned processes alive in the domain
+    ESCAPEES = "escapees"  # a check found only escapees alive (the policy decides)
     EXPIRED = "expired"  # the current wait's budget ran out
     EOF = "eof"  # every captured stream reached end of file
+    ABANDONED = "abandoned"  # the read ends were closed after drain_wait
     REAPED = "reaped"
+    DEADLINE = "deadline"  # the teardown's own deadline passed before it finished
 
 
 class Do(enum.Enum):
@@ -59,6 +80,7 @@ class Do(enum.Enum):
     WAIT_DRAIN = "wait up to drain_wait for end of output"
     ABANDON_DRAIN = "close the read ends; the output is abandoned"
     REAP = "reap the leader and record the receipt"
+    FORCE_AND_REAP = "send SIGKILL now, wait briefly, then reap and record the receipt"
     NOTHING = "nothing: the teardown is over"
 
 
@@ -89,7 +111,13 @@ _TRANSITIONS: dict[tuple[State, Event], tuple[State, Do]] = {
     (State.KILLING, Event.EXPIRED): (State.DRAINING, Do.WAIT_DRAIN),
     (State.DRAINING, Event.EOF): (State.REAPING, Do.REAP),
     (State.DRAINING, Event.EXPIRED): (State.REAPING, Do.ABANDON_DRAIN),
+    (State.REAPING, Event.ABANDONED): (State.REAPING, Do.REAP),
     (State.REAPING, Event.REAPED): (State.DONE, Do.NOTHING),
+    # A starved teardown: whatever it was doing, force (if it has not) and finish.
+    **{
+        (state, Event.DEADLINE): (State.REAPING, Do.FORCE_AND_REAP)
+        for state in (State.CHECKING, State.TERMINATING, State.KILLING, State.DRAINING, State.REAPING)
+    },
 }
 
 
@@ -98,20 +126,27 @@ class Escalation:
 
     Synopsis::
 
-        machine = Escalation(Budgets(grace=2, kill_wait=1, drain_wait=0.5))
+        machine = Escalation(Budgets(grace=2, kill_wait=1, drain_wait=0.5), escapees="terminate")
         machine.handle(Event.STOP, cause="timed_out")   # -> Do.SIGNAL_GRACEFUL
         machine.handle(Event.EXPIRED)                   # -> Do.SIGNAL_FORCE
         machine.forced                                  # True
     """
 
-    def __init__(self, budgets: Budgets) -> None:
+    def __init__(self, budgets: Budgets, escapees: EscapeePolicy = "terminate") -> None:
+        if escapees not in ("terminate", "report"):
+            msg = f"escapees must be 'terminate' or 'report', not {escapees!r}"
+            raise ValueError(msg)
         self.budgets = budgets
+        self.escapees: EscapeePolicy = escapees
         self.state = State.RUNNING
         self.cause: Cause | None = None
         self.forced = False
-        self.domain_empty: bool | None = None
         self.output: OutputState | None = None
-        self.leftovers = False  # members outlived a leader that exited by itself
+
+    @property
+    def signals_escapees(self) -> bool:
+        """Do escapees get the ladder (policy "terminate"), or only a listing?"""
+        return self.escapees == "terminate"
 
     @property
     def next_action(self) -> Do:
@@ -135,6 +170,8 @@ class Escalation:
 
     def handle(self, event: Event, *, cause: Cause | None = None) -> Do:
         """Apply `event`; return the action the driver must perform next."""
+        if event is Event.ESCAPEES and self.state is State.CHECKING:
+            event = Event.NOT_EMPTY if self.signals_escapees else Event.EMPTY
         key = (self.state, event)
         if key not in _TRANSITIONS:
             msg = f"event {event.value!r} is not allowed in state {self.state.value!r}"
@@ -152,15 +189,11 @@ class Escalation:
             self.cause = cause
         elif event is Event.LEADER_EXITED:
             self.cause = "exited"
-        if self.state is State.CHECKING and event is Event.NOT_EMPTY:
-            self.leftovers = True
-        if event is Event.EMPTY:
-            self.domain_empty = True
-        if self.state is State.KILLING and event is Event.EXPIRED:
-            self.domain_empty = False
-        if new_state is State.KILLING:
+        if action is Do.FORCE_AND_REAP and self.forced:
+            action = Do.REAP  # SIGKILL was sent already: just finish
+        if new_state is State.KILLING or action is Do.FORCE_AND_REAP:
             self.forced = True
-        if self.state is State.DRAINING:
+        if self.state is State.DRAINING and event in (Event.EOF, Event.EXPIRED):
             self.output = "complete" if event is Event.EOF else "abandoned"
         self.state = new_state
         return action

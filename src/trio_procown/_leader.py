@@ -23,18 +23,26 @@ from . import _pidfd, _procfs
 # not signal, one stuck in uninterruptible sleep): we stay their reaper, and
 # reap them without waiting at each later spawn, so they never linger as
 # zombies for the life of the program and never trip Popen's warning.
-_DEFERRED: set[int] = set()
+# Each is held by its pidfd where there is one, so the reap can only ever
+# take that very process, never a later child that got its pid.
+_DEFERRED: dict[int, int | None] = {}  # pid -> pidfd
 
 
 def reap_deferred() -> None:
     """Reap, without waiting, leaders left alive by an earlier teardown."""
-    for pid in list(_DEFERRED):
+    for pid, fd in list(_DEFERRED.items()):
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            if fd is not None:
+                res = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+                done = res is not None and res.si_pid != 0
+            else:
+                done = os.waitpid(pid, os.WNOHANG)[0] != 0
         except ChildProcessError:
-            done = pid
+            done = True
         if done:
-            _DEFERRED.discard(pid)
+            del _DEFERRED[pid]
+            if fd is not None:
+                os.close(fd)
 
 
 def status_to_returncode(si_code: int, si_status: int) -> int:
@@ -156,10 +164,10 @@ class Leader:
         reaped at a later spawn (see _DEFERRED), not by Popen."""
         if self.reaped:
             return
-        _DEFERRED.add(self.pid)
+        _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
+        self.pidfd = None
         self.reaped = True
         self.popen.returncode = self.returncode if self.returncode is not None else -1
-        self.close()
 
     def close(self) -> None:
         if self.pidfd is not None:

@@ -9,6 +9,11 @@
 # Where pidfds are missing (not Linux, or an old kernel), waiting falls back
 # to polling with a short, growing interval; every such wait runs under the
 # caller's cancel scope, which carries the bound.
+#
+# The same handles serve synchronous callers (the pytest plugin's leak
+# teardown, trio_procown.NoLeaks): `close` works inside a trio run or not,
+# and `wait_all_exited` / `block_until` block the thread, each with its
+# bound as an argument.
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ import errno
 import os
 import select
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 
 import trio
 
@@ -61,9 +67,43 @@ async def wait_exited(pidfd: int) -> None:
 
 
 def close(pidfd: int) -> None:
-    """Close a pidfd that no task is waiting on any more."""
-    trio.lowlevel.notify_closing(pidfd)
+    """Close a pidfd that no task is waiting on any more (in a trio run or not)."""
+    try:
+        trio.lowlevel.notify_closing(pidfd)
+    except RuntimeError:
+        pass  # no trio run in this thread: no task of one can be waiting on it
     os.close(pidfd)
+
+
+def wait_all_exited(pidfds: Collection[int], timeout: float) -> bool:
+    """Block until every process behind `pidfds` has terminated, at most
+    `timeout` seconds; True if they all did."""
+    deadline = time.monotonic() + timeout
+    pending = [fd for fd in pidfds if not exited(fd)]
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLIN)
+        poller.poll(max(1, int(left * 1000)))
+        pending = [fd for fd in pending if not exited(fd)]
+    return True
+
+
+def block_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Poll `predicate()` as poll_until does, blocking the thread, at most
+    `timeout` seconds; its last value."""
+    deadline = time.monotonic() + timeout
+    delay = _POLL_FIRST
+    while not predicate():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, _POLL_MAX)
+    return True
 
 
 async def poll_until(predicate: Callable[[], bool]) -> None:

@@ -188,11 +188,27 @@ def read_stat(pid: int) -> ProcInfo | None:
         return None
 
 
-def environ_has(pid: int, needle: bytes) -> bool:
-    """True if the environment of `pid` contains the exact entry `needle`
-    (KEY=VALUE)."""
-    key = needle.partition(b"=")[0] + b"="
-    return environ_entry(pid, key) == needle
+def process_info(pid: int) -> ProcInfo | None:
+    """`pid`'s row of the process table on any platform; None if it is gone.
+
+    On Linux this is read_stat. Elsewhere psutil answers, and `start` is the
+    creation time in microseconds since the epoch (still a stable identity
+    for one pid), the process group 0 when it cannot be read.
+    """
+    if IS_LINUX:
+        return read_stat(pid)
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            zombie = proc.status() == psutil.STATUS_ZOMBIE
+            ppid, start = proc.ppid(), int(proc.create_time() * 1_000_000)
+    except (psutil.Error, OSError):
+        return None
+    try:
+        pgrp = os.getpgid(pid)
+    except OSError:
+        pgrp = 0
+    return ProcInfo(pid, ppid, pgrp, "Z" if zombie else "S", start)
 
 
 def cmdline(pid: int) -> str:

@@ -60,6 +60,7 @@ class Step:
     target: str
     detail: str = ""
     outcome: str = ""
+    signals: tuple[str, ...] = ()  # for a signal step: the signals sent, by name
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of this value."""
@@ -69,6 +70,7 @@ class Step:
             "target": self.target,
             "detail": self.detail,
             "outcome": self.outcome,
+            "signals": list(self.signals),
         }
 
     def __str__(self) -> str:
@@ -221,7 +223,7 @@ class Receipt:
                     "no SIGKILL was needed."
                 )
             if self.forced:
-                kill = next((s for s in signals if "SIGKILL" in s.detail), None)
+                kill = next((s for s in signals if "SIGKILL" in s.signals), None)
                 if kill is not None:
                     out.append(f"Members outlived the grace period; sent {kill.detail} at +{kill.at:.3f}s.")
                 last = waits[-1] if waits else None

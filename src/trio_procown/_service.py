@@ -29,147 +29,26 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Literal, TypeAlias, Unpack, final
+from typing import Literal, Unpack, final
 
 import trio
 from trio_util import AsyncValue
 
 from ._command import (
-    TEARDOWN_ALLOWANCE,
-    Command,
-    HandoffError,
     OwnedCommand,
     OwnedOptions,
-    _cause_of,
+    cause_of,
     open_owned_command,
 )
+from ._errors import OwnerClosed, ServiceError, ServiceNotReady
+from ._ready import Readiness, await_ready
 from ._receipt import HandoffReceipt, Receipt
+from ._spawn import Command
 
-# After the command ended, how long a readiness probe may still take to
-# finish (e.g. to read the last lines the command printed).
-READY_AFTER_EXIT = 0.1
-
-Readiness: TypeAlias = Callable[[OwnedCommand], Awaitable[object]]
 RestartPolicy = Literal["never", "on-failure", "always"]
 ServiceState = Literal["starting", "ready", "restarting", "stopping", "stopped", "exited", "failed"]
-
-
-class ServiceError(RuntimeError):
-    """A service could not be started or kept running.
-
-    Synopsis::
-
-        try:
-            svc = await owner.start(cmd, ready=trio_procown.ready_port(8000))
-        except trio_procown.ServiceError as exc:
-            print("service failed:", exc)
-    """
-
-
-class ServiceNotReady(ServiceError):
-    """A service did not become ready; it was torn down.
-
-    `receipt` is its teardown receipt; `stdout` and `stderr` what it printed.
-
-    Synopsis::
-
-        try:
-            await owner.start(cmd, ready=trio_procown.ready_line("listening"), ready_timeout=10)
-        except trio_procown.ServiceNotReady as exc:
-            print(exc.stderr.decode(), exc.receipt.claims())
-    """
-
-    def __init__(self, msg: str, receipt: Receipt | None, stdout: bytes, stderr: bytes) -> None:
-        super().__init__(msg)
-        self.receipt = receipt
-        self.stdout = stdout
-        self.stderr = stderr
-
-
-# -- readiness probes ---------------------------------------------------------
-
-
-def ready_line(pattern: str | re.Pattern[str], stream: Literal["stdout", "stderr"] = "stdout") -> Readiness:
-    """Ready when a line of `stream` matches `pattern` (re.search).
-
-    Synopsis::
-
-        svc = await owner.start(cmd, ready=trio_procown.ready_line(r"listening on"))
-    """
-    regex = re.compile(pattern)
-
-    async def probe(run: OwnedCommand) -> object:
-        async for line in run.lines(stream):
-            if regex.search(line):
-                return line
-        msg = f"{stream} ended before a line matched {regex.pattern!r}"
-        raise ServiceError(msg)
-
-    return probe
-
-
-def ready_port(port: int, host: str = "127.0.0.1", interval: float = 0.02) -> Readiness:
-    """Ready when a TCP connection to (host, port) is accepted.
-
-    Synopsis::
-
-        svc = await owner.start([sys.executable, "-m", "http.server", "8123"],
-                                ready=trio_procown.ready_port(8123))
-    """
-
-    async def probe(run: OwnedCommand) -> object:
-        while True:
-            try:
-                stream = await trio.open_tcp_stream(host, port)
-            except OSError:
-                await trio.sleep(interval)
-                continue
-            await stream.aclose()
-            return port
-
-    return probe
-
-
-def ready_file(path: str | os.PathLike[str], interval: float = 0.02) -> Readiness:
-    """Ready when `path` exists.
-
-    Synopsis::
-
-        svc = await owner.start(["sh", "-c", "sleep 0.1; touch app.ready; exec sleep 30"],
-                                ready=trio_procown.ready_file("app.ready"))
-    """
-
-    async def probe(run: OwnedCommand) -> object:
-        while not os.path.exists(path):
-            await trio.sleep(interval)
-        return path
-
-    return probe
-
-
-def ready_when(
-    predicate: Callable[[OwnedCommand], bool | Awaitable[bool]], interval: float = 0.02
-) -> Readiness:
-    """Ready when `predicate(run)` (sync or async) returns true, polled.
-
-    Synopsis::
-
-        svc = await owner.start(cmd, ready=trio_procown.ready_when(lambda run: b"up" in run.stdout))
-    """
-
-    async def probe(run: OwnedCommand) -> object:
-        while True:
-            result = predicate(run)
-            if not isinstance(result, bool):
-                result = await result
-            if result:
-                return True
-            await trio.sleep(interval)
-
-    return probe
 
 
 # -- services -----------------------------------------------------------------
@@ -251,10 +130,11 @@ class ServiceOwner:
         self._closed = False
         self._exit_cause: Literal["stopped", "cancelled", "error"] = "stopped"
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise unless this owner can still take services (owner interface)."""
         if self._closed or self._nursery is None:
             msg = f"service owner {self.name!r} is closed"
-            raise HandoffError(msg)
+            raise OwnerClosed(msg)
 
     @property
     def receipts(self) -> list[tuple[str, Receipt]]:
@@ -290,7 +170,7 @@ class ServiceOwner:
                                         ready=trio_procown.ready_port(8123))
                 ...
         """
-        self._check_open()
+        self.check_open()
         if options.get("timeout") is not None:
             msg = "a service has no timeout: it runs until stopped"
             raise ValueError(msg)
@@ -335,11 +215,12 @@ class ServiceOwner:
         svc._stop_requested = True
         if svc.run is not None and not svc._finished.is_set():
             svc.state.value = "stopping"
-            svc.run._request_stop("stopped")
+            svc.run.request_stop("stopped")
         with trio.CancelScope(shield=True):
             await svc._finished.wait()
 
-    def _adopt(self, run: OwnedCommand) -> Service:
+    def adopt(self, run: OwnedCommand) -> Service:
+        """Take over a command handed off to us (owner interface)."""
         assert run.handoff is not None
         svc = Service(_name_of(run.command), run.command, _Origin.HANDED_OFF)
         svc.run = run
@@ -356,17 +237,16 @@ class ServiceOwner:
     async def _supervise_adopted(self, svc: Service, run: OwnedCommand) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                run._relaunch(nursery)
+                run.relaunch(nursery)
                 try:
-                    await run._done.wait()
+                    await run.wait()
                 except BaseException as exc:
-                    run._request_stop(_cause_of(exc))
-                    limit = run._machine.budgets.total + 2 * TEARDOWN_ALLOWANCE
-                    with trio.move_on_after(limit) as scope:
-                        scope.shield = True
-                        await run._done.wait()
+                    run.request_stop(cause_of(exc))
+                    interrupted = await run.wait_torn_down()
                     if not isinstance(exc, trio.Cancelled):
                         raise
+                    if interrupted is not None:
+                        raise interrupted from None
         finally:
             if run.receipt is not None:
                 svc.receipts.append(run.receipt)
@@ -390,10 +270,10 @@ class ServiceOwner:
                 async with open_owned_command(command, **options) as run:
                     svc.run = run
                     if svc._stop_requested:
-                        run._request_stop("stopped")
-                    why = await _await_ready(run, ready, ready_timeout)
+                        run.request_stop("stopped")
+                    why = await await_ready(run, ready, ready_timeout)
                     if why is not None:
-                        run._request_stop("error")
+                        run.request_stop("error")
                         receipt = await run.wait()
                         msg = f"service {svc.name!r} did not become ready: {why}"
                         failed = ServiceNotReady(msg, receipt, run.stdout, run.stderr)
@@ -433,42 +313,6 @@ class ServiceOwner:
             svc._finished.set()
 
 
-async def _await_ready(run: OwnedCommand, ready: Readiness | None, timeout: float) -> str | None:
-    """Wait for `ready(run)`; None when ready, else why not."""
-    if ready is None:
-        return None
-    outcome: list[str] = []
-    probed = trio.Event()
-    with trio.move_on_after(timeout) as scope:
-        async with trio.open_nursery() as nursery:
-
-            async def probe() -> None:
-                try:
-                    await ready(run)
-                except Exception as exc:  # a failing probe means "not ready"
-                    outcome.append(f"the readiness probe failed: {exc}")
-                probed.set()
-                nursery.cancel_scope.cancel()
-
-            async def died() -> None:
-                receipt = await run.wait()
-                # A probe reading output printed just before the exit (a
-                # ready line) still gets a short, bounded chance to match.
-                with trio.move_on_after(READY_AFTER_EXIT):
-                    await probed.wait()
-                if not probed.is_set():
-                    outcome.append(
-                        f"the command ended first ({receipt.cause}, returncode {receipt.returncode})"
-                    )
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(probe)
-            nursery.start_soon(died)
-    if scope.cancelled_caught:
-        return f"not ready after {timeout:g}s"
-    return outcome[0] if outcome else None
-
-
 def _name_of(command: Command | Sequence[str]) -> str:
     if isinstance(command, str):
         return command.split()[0] if command.split() else command
@@ -500,16 +344,14 @@ async def open_service_owner(name: str = "service owner") -> AsyncIterator[Servi
                 caught = exc
             guard.shield = True
             owner._closed = True
-            cause = "stopped" if caught is None else _cause_of(caught)
+            cause = "stopped" if caught is None else cause_of(caught)
             for svc in owner.services:
                 svc._stop_requested = True
                 if svc.run is not None and not svc._finished.is_set():
                     svc.state.value = "stopping"
-                    svc.run._request_stop(cause)
-            budget = max(
-                (s.run._machine.budgets.total for s in owner.services if s.run is not None), default=0.0
-            )
-            with trio.move_on_after(budget + 2 * TEARDOWN_ALLOWANCE):
+                    svc.run.request_stop(cause)
+            budget = max((s.run.teardown_bound for s in owner.services if s.run is not None), default=0.0)
+            with trio.move_on_after(budget):
                 for svc in owner.services:
                     await svc._finished.wait()
             nursery.cancel_scope.cancel()

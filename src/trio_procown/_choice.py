@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal
 
 from . import _cgroup
-from ._domain import Domain, DomainUnavailable, ProcessGroupDomain
+from ._domain import Domain, ProcessGroupDomain
+from ._errors import DomainUnavailable
 
 DomainName = Literal["auto", "cgroup", "process-group"]
-DomainChoice: TypeAlias = DomainName
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ def auto_choice() -> DomainOption:
     raise DomainUnavailable(msg)
 
 
-def make_domain(choice: DomainChoice) -> Domain:
+def make_domain(choice: DomainName) -> Domain:
     """A fresh domain instance for one command."""
     if choice == "auto":
         choice = auto_choice().name  # type: ignore[assignment]

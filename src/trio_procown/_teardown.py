@@ -1,0 +1,429 @@
+# The teardown driver: one owned command's escalation, performed.
+#
+# Theory of operation. The decisions live in _escalation.py (a pure state
+# machine); this module only acts on them and records what it saw. Once the
+# leader has exited or a stop was requested, `Teardown.run()` performs the
+# machine's actions until it says there is nothing left to do:
+#
+#   1. SIGTERM + SIGCONT to the domain (and to census escapees, when the
+#      policy says they get the ladder)
+#   2. wait <= grace for it to be empty
+#   3. SIGKILL (forced = True)
+#   4. wait <= kill_wait
+#   5. wait <= drain_wait for EOF, then close the read ends ("abandoned")
+#   6. reap the leader, release the domain, write the receipt
+#
+# When the leader exited by itself, steps 1-4 run only if the domain still
+# holds live processes (owned work that outlived it). The whole runs in a
+# shielded cancel scope whose deadline is grace + kill_wait + drain_wait +
+# TEARDOWN_ALLOWANCE. If the loop was starved past that deadline, the machine
+# is told (DEADLINE): SIGKILL now unless already sent, a last wait of at most
+# CUT_SHORT_WAIT, then the receipt from what is seen.
+#
+# Every action can fail (EPERM, EMFILE, ENOSPC, a vanished file). A refused
+# signal is a step with its outcome; an unforeseen failure is an "error"
+# step, and the machine goes on as if the stage's wait had expired. A
+# receipt is always written: if even that fails, an emergency receipt that
+# claims nothing it did not see.
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Literal
+
+import trio
+
+from . import _procfs
+from ._domain import Sent, describe_error
+from ._escalation import Do, Escalation, Event
+from ._fates import Fates
+from ._procfs import ProcessTable, ProcInfo
+from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord
+from ._spawn import Spawned
+
+# Scheduling slack added to the teardown's deadline on top of its budgets:
+# it covers the cost of the actions themselves (scans, signals, reaping).
+TEARDOWN_ALLOWANCE = 0.5
+
+# If the event loop was starved past the teardown's deadline (so the bound is
+# already exceeded), how long the forced fallback may wait for the domain.
+CUT_SHORT_WAIT = 0.25
+
+_GRACEFUL = (signal.SIGTERM, signal.SIGCONT)
+_FORCE = (signal.SIGKILL,)
+
+
+def _names(sigs: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(signal.Signals(s).name for s in sigs)
+
+
+class Teardown:
+    """The timeline and the teardown of one owned command."""
+
+    def __init__(
+        self, spawned: Spawned, machine: Escalation, command: tuple[str, ...], subreaper: bool
+    ) -> None:
+        self.spawned = spawned
+        self.machine = machine
+        self.command = command
+        self._subreaper = subreaper
+        self._leader = spawned.leader
+        self._domain = spawned.domain
+        self._census = spawned.census
+        self._drains = spawned.drains
+        self._targets = spawned.targets
+        self.steps: list[Step] = []
+        self.receipt: Receipt | None = None
+        self._fates = Fates()
+        self._leftovers: set[int] = set()  # members that outlived a leader that exited
+        # A scan taken after the last signal that showed nothing alive; the
+        # receipt is written from it instead of scanning once more.
+        self._final_table: ProcessTable | None = None
+
+    @property
+    def budget(self) -> float:
+        """The bound of the whole teardown, allowance included."""
+        return self.machine.budgets.total + TEARDOWN_ALLOWANCE
+
+    def step(
+        self, action: Action, target: str, detail: str = "", outcome: str = "", signals: tuple[str, ...] = ()
+    ) -> Step:
+        step = Step(trio.current_time() - self.spawned.started, action, target, detail, outcome, signals)
+        self.steps.append(step)
+        return step
+
+    def _step(self, action: Action, target: str, detail: str = "", outcome: str = "") -> Step:
+        return self.step(action, target, detail, outcome)
+
+    def _lived(self) -> float:
+        return trio.current_time() - self.spawned.started
+
+    async def _table(self) -> ProcessTable:
+        return await _procfs.table_for(self._leader.mark)
+
+    async def run(self) -> Receipt:
+        """Perform the machine's actions, within the teardown's bound; return
+        the receipt (always one)."""
+        if self.spawned.feeder is not None:
+            self.spawned.feeder.scope.cancel()
+        with trio.CancelScope(deadline=trio.current_time() + self.budget, shield=True):
+            await self._run()
+        try:
+            if self.receipt is None:
+                # The loop was starved past the teardown's deadline, or an
+                # action failed while writing the receipt.
+                with trio.CancelScope(deadline=trio.current_time() + CUT_SHORT_WAIT, shield=True):
+                    await self._cut_short()
+                if self.receipt is None:
+                    self._finish()
+        except Exception as exc:
+            self._emergency_receipt(exc)
+        assert self.receipt is not None
+        return self.receipt
+
+    async def _run(self) -> None:
+        self._verify_placement()
+        machine = self.machine
+        action = machine.next_action
+        while action is not Do.NOTHING:
+            try:
+                action = await self._perform(action)
+            except Exception as exc:
+                # An action the OS refused in a way no stage foresaw (or a
+                # bug): it is evidence, never a reason to skip a stage or a
+                # bound. Go on as if the stage's wait had expired.
+                self._step(Action.ERROR, "teardown", f"{action.name}: {type(exc).__name__}: {exc}", "failed")
+                if action is Do.REAP:
+                    return  # _own writes the receipt from what is seen
+                if action is Do.ABANDON_DRAIN:
+                    action = Do.REAP
+                else:
+                    pessimistic = Event.NOT_EMPTY if action is Do.CHECK_DOMAIN else Event.EXPIRED
+                    action = machine.handle(pessimistic)
+
+    def _verify_placement(self) -> None:
+        try:
+            problem = self._domain.verify()
+        except OSError as exc:
+            problem = f"placement could not be checked: {describe_error(exc)}"
+        if problem:
+            self._step(Action.SCAN, "placement", problem, "not verified")
+
+    async def _perform(self, action: Do) -> Do:
+        """Perform one action of the machine; return the next one."""
+        machine = self.machine
+        census = self._census
+        if action is Do.CHECK_DOMAIN:
+            table = await self._table()
+            live = self._domain.live_members(table.rows)
+            escapees = census.scan(self._domain, table)
+            self._step(
+                Action.SCAN,
+                "domain",
+                f"{len(live)} live member(s) after the leader exited; "
+                f"census: {len(escapees)} outside the domain",
+            )
+            for info in live:
+                self._fates.watch(info)
+                self._leftovers.add(info.pid)
+            event = Event.NOT_EMPTY if live else Event.ESCAPEES if escapees else Event.EMPTY
+            if event is Event.EMPTY:
+                self._final_table = table
+            return machine.handle(event)
+        if action is Do.SIGNAL_GRACEFUL:
+            # Signal first: the scan costs milliseconds. The scan then
+            # serves both the census and, as a hint of whom to wait for,
+            # the domain's wait.
+            sigs = _GRACEFUL
+            self._fates.before_signal(None, kill=False)
+            self._signal_step("domain", self._domain.signal_graceful(), sigs)
+            table = await self._table()
+            escapees = census.scan(self._domain, table)
+            if escapees and machine.signals_escapees:
+                self._signal_escapees(escapees, sigs)
+            emptied = await self._wait_empty(escapees, machine.budget(), "grace", sigs, table.rows)
+            return machine.handle(emptied)
+        if action is Do.SIGNAL_FORCE:
+            self._force()
+            escapees = []
+            if machine.signals_escapees:
+                escapees = census.scan(self._domain, await self._table())
+                if escapees:
+                    self._signal_escapees(escapees, _FORCE)
+            emptied = await self._wait_empty(escapees, machine.budget(), "kill_wait", _FORCE)
+            return machine.handle(emptied)
+        if action is Do.WAIT_DRAIN:
+            budget = machine.budget()
+            with trio.move_on_after(budget) as scope:
+                for drain in self._drains.values():
+                    await drain.done.wait()
+            outcome = "expired" if scope.cancelled_caught else "eof"
+            self._step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
+            return machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
+        if action is Do.ABANDON_DRAIN:
+            for drain in self._drains.values():
+                if not drain.done.is_set():
+                    drain.abandon()
+                    self._step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
+            for drain in self._drains.values():
+                await drain.done.wait()
+            return machine.handle(Event.ABANDONED)
+        if action is Do.REAP:
+            final, self._final_table = self._final_table, None
+            self._finish(final if final is not None else await self._table())
+            return machine.handle(Event.REAPED)
+        msg = f"unexpected action {action!r}"  # pragma: no cover - the machine has no other actions
+        raise AssertionError(msg)
+
+    def _signal_step(self, target: str, sent: Sent, sigs: tuple[int, ...], note: str = "") -> None:
+        outcome = f"failed: {sent.failed}" if sent.failed else note
+        self.step(Action.SIGNAL, target, sent.detail, outcome, _names(sigs))
+
+    def _force(self, note: str = "") -> None:
+        """SIGKILL to the domain, whatever the OS answers."""
+        self._fates.before_signal(None, kill=True)
+        self._signal_step("domain", self._domain.force(), _FORCE, note)
+
+    def _signal_escapees(self, escapees: list[ProcInfo], sigs: tuple[int, ...]) -> None:
+        census = self._census
+        before = len(census.failures)
+        n = census.signal(escapees, sigs)
+        names = _names(sigs)
+        failed = census.failures[before:]
+        outcome = f"failed: {'; '.join(failed)}" if failed else ""
+        self.step(Action.SIGNAL, "escapees", f"{'+'.join(names)} to {n} census escapee(s)", outcome, names)
+
+    async def _wait_empty(
+        self,
+        escapees: list[ProcInfo],
+        budget: float,
+        name: str,
+        sigs: tuple[int, ...],
+        hint: list[ProcInfo] | None = None,
+    ) -> Event:
+        """Wait up to `budget` for the domain to empty and, under the
+        terminate policy, for the escapees too: a member that leaves the
+        domain while we wait is found by a census taken once the domain is
+        empty, gets this stage's signals `sigs`, and is waited for as well."""
+        census = self._census
+        owned = escapees if self.machine.signals_escapees else []
+        self._final_table = None
+        with trio.move_on_after(budget) as scope:
+            proof = await self._domain.wait_empty(hint)
+            while True:
+                if owned:
+                    await census.wait_gone(owned)
+                if not self.machine.signals_escapees:
+                    break
+                table = proof if proof is not None and not owned else await self._table()
+                proof = None
+                owned = census.scan(self._domain, table)
+                if not owned:
+                    # Taken after every signal, showing nothing left: the
+                    # receipt can be written from it (see REAP).
+                    self._final_table = table
+                    break
+                fresh = census.unsignalled(owned)
+                if fresh:
+                    self._signal_escapees(fresh, sigs)
+        outcome = "expired" if scope.cancelled_caught else "empty"
+        self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
+        return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
+
+    async def _cut_short(self) -> None:
+        """The teardown's own deadline expired before it finished (the event
+        loop was starved, say): force now if that has not happened yet, wait
+        at most CUT_SHORT_WAIT for the domain, then write the receipt from
+        what is seen."""
+        machine = self.machine
+        if machine.state.value == "done":
+            return
+        if machine.handle(Event.DEADLINE) is Do.FORCE_AND_REAP:
+            self._force("teardown deadline expired")
+            if machine.signals_escapees:
+                table = ProcessTable(_procfs.snapshot(self._leader.mark))
+                escapees = self._census.scan(self._domain, table)
+                if escapees:
+                    self._signal_escapees(escapees, _FORCE)
+        with trio.move_on_after(CUT_SHORT_WAIT) as scope:
+            try:
+                await self._domain.wait_empty()
+            except Exception as exc:
+                self._step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
+                await trio.sleep_forever()  # the bound above ends it
+        outcome = "expired" if scope.cancelled_caught else "empty"
+        self._step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
+        self._finish()
+
+    def _finish(self, table: ProcessTable | None = None) -> None:
+        """Reap, release, and write the receipt. Never waits.
+
+        `table` is a process-table scan taken for this purpose; without one
+        (an emergency exit of the teardown) a private scan is made.
+        """
+        if table is None:
+            table = ProcessTable(_procfs.snapshot(self._leader.mark))
+        domain = self._domain
+        leader = self._leader
+        machine = self.machine
+        for drain in self._drains.values():
+            if not drain.done.is_set():
+                drain.abandon()
+        if domain.placement_pending():
+            self._verify_placement()  # the leader is a zombie now: its cgroup still shows
+        members = domain.members(table.rows)
+        live = [m for m in members if not m.zombie]
+        zombies = [m for m in members if m.zombie]
+        listed = {m.pid for m in members}
+        for pid, start in sorted(domain.seen.items()):
+            if pid in listed:
+                continue
+            info = _procfs.read_stat(pid)
+            if info is not None and info.zombie and info.start == start:
+                zombies.append(info)
+        reaped_orphans = 0
+        if self._subreaper:
+            from ._subreaper import reap_orphans
+
+            reaped_orphans = reap_orphans(zombies)
+            zombies = [z for z in zombies if _procfs.read_stat(z.pid) is not None]
+        domain_empty = domain.is_empty(table.rows)
+        escaped = self._census.scan(domain, table)
+        leader_alive = leader.alive
+        if leader.reap():
+            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+        else:
+            leader.defer()
+            self._step(Action.REAP, "leader", "still alive: reaped later, at a later spawn", "not reaped")
+        released = domain.release()
+        if released:
+            outcome = "not removed" if "NOT removed" in released else "removed"
+            self._step(Action.RELEASE, "domain", released, outcome)
+        streams, output = self._output_record()
+        still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live]
+        if leader_alive:
+            still.insert(0, ProcessRecord(leader.pid, _procfs.cmdline(leader.pid), "alive (the leader)"))
+        escaped_pids = {e.pid for e in escaped}
+        census = self._census
+        extras: dict[str, Any] = {}
+        if reaped_orphans:
+            extras["reaped_orphans"] = reaped_orphans
+        self.receipt = Receipt(
+            cause=machine.cause or "error",
+            returncode=leader.returncode,
+            domain=domain.kind,
+            forced=machine.forced,
+            domain_empty=domain_empty,
+            output=output,
+            escaped=tuple(ProcessRecord(e.pid, _procfs.cmdline(e.pid), "alive") for e in escaped),
+            steps=tuple(self.steps),
+            command=self.command,
+            pid=leader.pid,
+            domain_id=domain.ident,
+            leftovers=tuple(self._fates.record(p) for p in sorted(self._leftovers)),
+            unreaped=tuple(ProcessRecord(z.pid, "", "zombie") for z in zombies),
+            census=tuple(rec for rec in census.records() if rec.pid not in escaped_pids),
+            still_seen=tuple(still),
+            streams=streams,
+            escapee_policy=census.policy,
+            census_scanned=not census.unreadable,
+            census_unreadable=len(census.unreadable),
+            duration=self._lived(),
+            extras=extras,
+        )
+
+    def _output_record(self) -> tuple[tuple[StreamRecord, ...], OutputState]:
+        """Each stream's record, and the output state they add up to."""
+        streams = []
+        truncated = False
+        for name in ("stdout", "stderr"):
+            drain = self._drains.get(name)
+            if drain is None:
+                target = self._targets.get(name, "")
+                if target != "merged into stdout":  # then its bytes are stdout's record
+                    streams.append(StreamRecord(name, "not captured", 0, 0, 0, target))
+                continue
+            cap = drain.capture
+            truncated |= cap.dropped > 0
+            state: Literal["eof", "abandoned"] = "eof" if drain.eof else "abandoned"
+            streams.append(StreamRecord(name, state, cap.total, cap.kept, cap.dropped, "capture"))
+        output: OutputState
+        if not self._drains:
+            output = "not captured"
+        elif self.machine.output == "abandoned" or any(d.abandoned for d in self._drains.values()):
+            output = "abandoned"
+        else:
+            output = "truncated" if truncated else "complete"
+        return tuple(streams), output
+
+    def _emergency_receipt(self, exc: BaseException) -> None:
+        """The last resort when writing the receipt itself failed: a receipt
+        that claims nothing it has not seen (domain not proven empty)."""
+        self._step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
+        leader = self._leader
+        try:
+            if not leader.reap():
+                leader.defer()
+            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+        except Exception:
+            leader.defer()
+        try:
+            released = self._domain.release()
+            if released:
+                self._step(Action.RELEASE, "domain", released)
+        except Exception as error:
+            self._step(Action.ERROR, "domain", f"release: {type(error).__name__}: {error}", "failed")
+        returncode = leader.returncode
+        self.receipt = Receipt(
+            cause=self.machine.cause or "error",
+            returncode=returncode,
+            domain=self._domain.kind,
+            forced=self.machine.forced,
+            domain_empty=False,
+            output="abandoned" if self._drains else "not captured",
+            steps=tuple(self.steps),
+            command=self.command,
+            pid=self._leader.pid,
+            domain_id=self._domain.ident,
+            duration=self._lived(),
+        )
