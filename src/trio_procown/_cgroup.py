@@ -348,21 +348,6 @@ class CgroupDomain(Domain):
         self._group.attach(leader, started)
 
     # -- placement ---------------------------------------------------------
-    def _cgroup_of(self, pid: int) -> str | None:
-        """The cgroup v2 directory of `pid` (zombies included), or None."""
-        try:
-            with open(f"/proc/{pid}/cgroup", "rb") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return None
-        mount = cgroup2_mount()
-        if mount is None:
-            return None
-        for line in lines:
-            if line.startswith(b"0::"):
-                return os.path.normpath(os.path.join(mount, os.fsdecode(line[3:]).lstrip("/")))
-        return None
-
     def _inside(self, where: str | None) -> bool:
         if where is None or not self.path:
             return False
@@ -385,7 +370,7 @@ class CgroupDomain(Domain):
         """Check that the leader entered the cgroup; describe a failure."""
         if self.placement != "pending" or self.leader is None:
             return ""
-        where = self._cgroup_of(self.leader.pid)
+        where = cgroup_of(self.leader.pid)
         if self._inside(where):
             self.placement = "verified"
             return ""
@@ -410,27 +395,8 @@ class CgroupDomain(Domain):
         )
 
     # -- members -----------------------------------------------------------
-    def _cgroups(self) -> list[str]:
-        """The cgroup and its descendants, deepest first."""
-        found = []
-        try:
-            for top, _dirs, _files in os.walk(self.path, topdown=False):
-                found.append(top)
-        except OSError:
-            pass
-        return found or [self.path]
-
     def _pids(self) -> list[int]:
-        pids: list[int] = []
-        for where in self._cgroups():
-            try:
-                with open(self._file("cgroup.procs", where)) as f:
-                    pids.extend(int(x) for x in f.read().split())
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError) as exc:
-                self.read_failures.append(f"reading {where}/cgroup.procs: {exc}")
-        return pids
+        return tree_pids(self.path, self.read_failures)
 
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         if self.placement == "failed":
@@ -456,7 +422,7 @@ class CgroupDomain(Domain):
         # process, unlike a cgroup.procs listing read at another moment.
         if self.placement == "failed":
             return self._group.contains(pid)
-        return self._inside(self._cgroup_of(pid))
+        return self._inside(cgroup_of(pid))
 
     # -- signals -----------------------------------------------------------
     # The leader is signalled through its own pidfd as well, and first: until
@@ -505,29 +471,7 @@ class CgroupDomain(Domain):
         )
 
     def _send_each(self, pids: list[int], sigs: tuple[int, ...], failed: list[str]) -> int:
-        """Signal each pid through a pidfd kept only if the pid is still
-        listed after opening it (never a recycled pid); count reached."""
-        fds: dict[int, int | None] = {}
-        for pid in pids:
-            try:
-                fds[pid] = _pidfd.open_pidfd(pid)
-            except OSError as exc:
-                failed.append(f"pid {pid}: {describe_error(exc)}")
-        still = set(self._pids())
-        sent = 0
-        for pid, fd in fds.items():
-            if fd is None:
-                continue
-            try:
-                if pid in still and _pidfd.send(fd, sigs[0]):
-                    for sig in sigs[1:]:
-                        _pidfd.send(fd, sig)
-                    sent += 1
-            except OSError as exc:
-                failed.append(f"pid {pid}: {describe_error(exc)}")
-            finally:
-                _pidfd.close(fd)
-        return sent
+        return signal_each(pids, sigs, self._pids, failed)
 
     def force(self) -> Sent:
         assert self.leader is not None
@@ -573,16 +517,10 @@ class CgroupDomain(Domain):
         """True only when cgroup.events says "populated 0" (or the cgroup is
         gone); a file we cannot read proves nothing."""
         try:
-            with open(self._file("cgroup.events")) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "populated":
-                        return value.strip() == "0"
-        except FileNotFoundError:
-            return not os.path.isdir(self.path)
+            return not populated(self.path)
         except OSError as exc:
             self.read_failures.append(f"reading cgroup.events: {exc}")
-        return False
+            return False
 
     async def wait_empty(self, hint: list[ProcInfo] | None = None) -> ProcessTable | None:
         assert self.leader is not None
@@ -614,18 +552,11 @@ class CgroupDomain(Domain):
         first; say exactly what was and was not removed, and why."""
         if self._released or not self.path:
             return ""
-        removed: list[str] = []
-        kept: list[str] = []
-        for where in self._cgroups():
-            try:
-                os.rmdir(where)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                why = "still populated" if exc.errno == errno.EBUSY else describe_error(exc)
-                kept.append(f"{where} ({why})")
-                continue
-            removed.append(where)
+        removed, refused = remove_tree(self.path)
+        kept = [
+            f"{where} ({'still populated' if exc.errno == errno.EBUSY else describe_error(exc)})"
+            for where, exc in refused
+        ]
         self._released = not kept
         nested = len(removed) - (0 if kept or not removed else 1)
         if not kept:
