@@ -323,20 +323,6 @@ async def test_non_integer_max_output_is_refused(value: object) -> None:
         await trio_procown.run_owned(["true"], max_output=value)  # type: ignore[arg-type]
 
 
-def test_to_dict_keeps_extras() -> None:
-    """to_dict() publishes extras (e.g. reaped_orphans) instead of dropping them."""
-    r = trio_procown.Receipt(
-        cause="exited",
-        returncode=0,
-        domain="process-group",
-        forced=False,
-        domain_empty=True,
-        output="complete",
-        extras={"reaped_orphans": 2},
-    )
-    assert r.to_dict()["extras"] == {"reaped_orphans": 2}
-
-
 async def test_zero_timeout_times_out_immediately(domain: str) -> None:
     """timeout=0 is legal: the command is torn down at once."""
     result = await trio_procown.run_owned("sleep 30", timeout=0, domain=domain)

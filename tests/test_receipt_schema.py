@@ -36,6 +36,19 @@ def schema() -> dict[str, Any]:
     return loaded
 
 
+def minimal_receipt(**fields: Any) -> Receipt:
+    """A receipt built directly, for the fields every receipt has."""
+    base: dict[str, Any] = {
+        "cause": "exited",
+        "returncode": 0,
+        "domain": "process-group",
+        "forced": False,
+        "domain_empty": True,
+        "output": "complete",
+    }
+    return Receipt(**{**base, **fields})
+
+
 def check(schema: dict[str, Any], receipt: Receipt) -> dict[str, Any]:
     """Validate the receipt's JSON (as a reader gets it) against the schema."""
     data: dict[str, Any] = json.loads(json.dumps(receipt.to_dict()))
@@ -58,14 +71,7 @@ def test_schema_is_strict_and_lists_every_field(schema: dict[str, Any]) -> None:
     required = set(schema["required"])
     assert required <= properties
     assert properties - required == OPTIONAL
-    receipt = Receipt(
-        cause="exited",
-        returncode=0,
-        domain="process-group",
-        forced=False,
-        domain_empty=True,
-        output="complete",
-    )
+    receipt = minimal_receipt()
     fields = set(receipt.to_dict())
     assert fields - properties == set(), f"to_dict() fields missing from the schema: {fields - properties}"
     assert required - fields == set(), f"schema fields that to_dict() no longer has: {required - fields}"
@@ -126,15 +132,7 @@ async def test_truncated_and_not_captured_streams(schema: dict[str, Any]) -> Non
 
 def test_extras_round_trip(schema: dict[str, Any]) -> None:
     """`extras` (here the orphans reaped as subreaper) is part of the JSON."""
-    receipt = Receipt(
-        cause="exited",
-        returncode=0,
-        domain="process-group",
-        forced=False,
-        domain_empty=True,
-        output="complete",
-        extras={"reaped_orphans": 1},
-    )
+    receipt = minimal_receipt(extras={"reaped_orphans": 1})
     data = check(schema, receipt)
     assert data["extras"] == {"reaped_orphans": 1}
     assert "1 orphan(s) of the command were reaped by us as subreaper." in data["claims"]

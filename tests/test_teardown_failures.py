@@ -190,3 +190,26 @@ async def test_a_failing_scan_is_recorded_and_the_teardown_goes_on(monkeypatch: 
     assert r.forced  # the stage that failed counted as expired: SIGKILL followed
     assert not alive(run.pid)
     assert any("an action of the teardown failed" in c for c in r.claims())
+
+
+@pytest.mark.skipif("cgroup" not in DOMAINS, reason="the cgroup domain is unavailable here")
+@pytest.mark.timeout(30)
+async def test_unreadable_cgroup_events_prove_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cgroup.events cannot be read (EACCES): the teardown still ends within its bound, the domain is
+    NOT claimed empty, and the failed read is a step of the receipt."""
+    from trio_procown import _cgroup
+
+    def unreadable(path: str) -> bool:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(_cgroup, "populated", unreadable)
+    start = trio.current_time()
+    result = await trio_procown.run_owned(SLEEPER, domain="cgroup", timeout=0.1, **BUDGETS)
+    monkeypatch.undo()
+    r = result.receipt
+    assert trio.current_time() - start < BOUND
+    assert not r.domain_empty
+    errors = [s for s in r.steps if s.action is trio_procown.Action.ERROR and s.target == "domain"]
+    assert errors, r.steps
+    assert "cgroup.events" in errors[0].detail
+    assert not alive(result.receipt.pid)  # cgroup.kill still ended it

@@ -326,7 +326,7 @@ class CgroupDomain(Domain):
         # seen running the command outside it ("failed"), or seen ended
         # outside it ("unverified").
         self.placement = "pending"
-        self.read_failures: list[str] = []
+        self._read_failures: list[str] = []
 
     @property
     def ident(self) -> str:
@@ -363,6 +363,9 @@ class CgroupDomain(Domain):
             return False
         return os.fsencode(self._procs_file) in args
 
+    def read_failures(self) -> list[str]:
+        return list(dict.fromkeys(self._read_failures))  # each failure once, in order
+
     def placement_pending(self) -> bool:
         return self.placement == "pending"
 
@@ -396,7 +399,7 @@ class CgroupDomain(Domain):
 
     # -- members -----------------------------------------------------------
     def _pids(self) -> list[int]:
-        return tree_pids(self.path, self.read_failures)
+        return tree_pids(self.path, self._read_failures)
 
     def members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         if self.placement == "failed":
@@ -467,7 +470,6 @@ class CgroupDomain(Domain):
         return Sent(
             f"SIGTERM+SIGCONT to process group {pgid} and to {sent} other member(s) of cgroup {self.path}",
             "; ".join(failed),
-            grouped or sent > 0,
         )
 
     def _send_each(self, pids: list[int], sigs: tuple[int, ...], failed: list[str]) -> int:
@@ -483,8 +485,7 @@ class CgroupDomain(Domain):
         except OSError as exc:
             failed.append(f"leader {self.leader.pid}: {describe_error(exc)}")
         try:
-            with open(self._file("cgroup.kill"), "w") as f:
-                f.write("1")
+            kill(self.path)
         except FileNotFoundError:
             if os.path.isdir(self.path):
                 # Kernels before 5.14 have no cgroup.kill: kill member by member.
@@ -519,7 +520,7 @@ class CgroupDomain(Domain):
         try:
             return not populated(self.path)
         except OSError as exc:
-            self.read_failures.append(f"reading cgroup.events: {exc}")
+            self._read_failures.append(f"reading cgroup.events: {exc}")
             return False
 
     async def wait_empty(self, hint: list[ProcInfo] | None = None) -> ProcessTable | None:

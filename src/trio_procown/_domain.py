@@ -55,7 +55,6 @@ class Sent:
 
     detail: str
     failed: str = ""
-    reached: bool = True  # did any signal reach a process of the domain?
 
 
 class Domain(abc.ABC):
@@ -121,6 +120,10 @@ class Domain(abc.ABC):
         waited for before the domain is scanned again. Returns the scan that
         showed the domain empty, if one was taken (callers may reuse it).
         """
+
+    def read_failures(self) -> list[str]:
+        """Reads of the domain's own state that failed (each is evidence)."""
+        return []
 
     def placement_pending(self) -> bool:
         """True while verify() could not yet decide."""
@@ -205,7 +208,7 @@ class ProcessGroupDomain(Domain):
                 failed.append(f"{signal.Signals(sig).name}: {describe_error(exc)}")
         if not sent and not failed:
             detail += " (no process)"
-        return Sent(detail, "; ".join(failed), sent)
+        return Sent(detail, "; ".join(failed))
 
     def signal_graceful(self) -> Sent:
         return self._send_group((signal.SIGTERM, signal.SIGCONT))

@@ -57,7 +57,7 @@ class Fates:
     def _alive(self, w: _Watched) -> bool:
         if w.gone:
             return False
-        info = _procfs.read_stat(w.pid)
+        info = _procfs.process_info(w.pid)
         if info is None or info.zombie or (w.start and info.start != w.start):
             w.gone = True
             return False

@@ -92,9 +92,6 @@ class Teardown:
         self.steps.append(step)
         return step
 
-    def _step(self, action: Action, target: str, detail: str = "", outcome: str = "") -> Step:
-        return self.step(action, target, detail, outcome)
-
     def _lived(self) -> float:
         return trio.current_time() - self.spawned.started
 
@@ -132,7 +129,7 @@ class Teardown:
                 # An action the OS refused in a way no stage foresaw (or a
                 # bug): it is evidence, never a reason to skip a stage or a
                 # bound. Go on as if the stage's wait had expired.
-                self._step(Action.ERROR, "teardown", f"{action.name}: {type(exc).__name__}: {exc}", "failed")
+                self.step(Action.ERROR, "teardown", f"{action.name}: {type(exc).__name__}: {exc}", "failed")
                 if action is Do.REAP:
                     return  # _own writes the receipt from what is seen
                 if action is Do.ABANDON_DRAIN:
@@ -147,7 +144,7 @@ class Teardown:
         except OSError as exc:
             problem = f"placement could not be checked: {describe_error(exc)}"
         if problem:
-            self._step(Action.SCAN, "placement", problem, "not verified")
+            self.step(Action.SCAN, "placement", problem, "not verified")
 
     async def _perform(self, action: Do) -> Do:
         """Perform one action of the machine; return the next one."""
@@ -157,7 +154,7 @@ class Teardown:
             table = await self._table()
             live = self._domain.live_members(table.rows)
             escapees = census.scan(self._domain, table)
-            self._step(
+            self.step(
                 Action.SCAN,
                 "domain",
                 f"{len(live)} live member(s) after the leader exited; "
@@ -198,13 +195,13 @@ class Teardown:
                 for drain in self._drains.values():
                     await drain.done.wait()
             outcome = "expired" if scope.cancelled_caught else "eof"
-            self._step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
+            self.step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
             return machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
         if action is Do.ABANDON_DRAIN:
             for drain in self._drains.values():
                 if not drain.done.is_set():
                     drain.abandon()
-                    self._step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
+                    self.step(Action.DRAIN, drain.name, f"{drain.capture.total} byte(s) read", "abandoned")
             for drain in self._drains.values():
                 await drain.done.wait()
             return machine.handle(Event.ABANDONED)
@@ -267,7 +264,7 @@ class Teardown:
                 if fresh:
                     self._signal_escapees(fresh, sigs)
         outcome = "expired" if scope.cancelled_caught else "empty"
-        self._step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
+        self.step(Action.WAIT, "domain", f"budget {budget:g}s ({name})", outcome)
         return Event.EXPIRED if scope.cancelled_caught else Event.EMPTY
 
     async def _cut_short(self) -> None:
@@ -289,10 +286,10 @@ class Teardown:
             try:
                 await self._domain.wait_empty()
             except Exception as exc:
-                self._step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
+                self.step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
                 await trio.sleep_forever()  # the bound above ends it
         outcome = "expired" if scope.cancelled_caught else "empty"
-        self._step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
+        self.step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
         self._finish()
 
     def _finish(self, table: ProcessTable | None = None) -> None:
@@ -331,14 +328,18 @@ class Teardown:
         escaped = self._census.scan(domain, table)
         leader_alive = leader.alive
         if leader.reap():
-            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+            self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
         else:
             leader.defer()
-            self._step(Action.REAP, "leader", "still alive: reaped later, at a later spawn", "not reaped")
+            self.step(Action.REAP, "leader", "still alive: reaped later, at a later spawn", "not reaped")
+        failures = domain.read_failures()
+        if failures:
+            # Reads that failed proved nothing: the receipt says which.
+            self.step(Action.ERROR, "domain", "; ".join(failures[:5]), "failed")
         released = domain.release()
         if released:
             outcome = "not removed" if "NOT removed" in released else "removed"
-            self._step(Action.RELEASE, "domain", released, outcome)
+            self.step(Action.RELEASE, "domain", released, outcome)
         streams, output = self._output_record()
         still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live]
         if leader_alive:
@@ -399,20 +400,20 @@ class Teardown:
     def _emergency_receipt(self, exc: BaseException) -> None:
         """The last resort when writing the receipt itself failed: a receipt
         that claims nothing it has not seen (domain not proven empty)."""
-        self._step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
+        self.step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
         leader = self._leader
         try:
             if not leader.reap():
                 leader.defer()
-            self._step(Action.REAP, "leader", f"returncode {leader.returncode}")
+            self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
         except Exception:
             leader.defer()
         try:
             released = self._domain.release()
             if released:
-                self._step(Action.RELEASE, "domain", released)
+                self.step(Action.RELEASE, "domain", released)
         except Exception as error:
-            self._step(Action.ERROR, "domain", f"release: {type(error).__name__}: {error}", "failed")
+            self.step(Action.ERROR, "domain", f"release: {type(error).__name__}: {error}", "failed")
         returncode = leader.returncode
         self.receipt = Receipt(
             cause=self.machine.cause or "error",
