@@ -367,3 +367,38 @@ async def test_owned_command_cannot_be_built_directly() -> None:
     """OwnedCommand has a private constructor."""
     with pytest.raises(TypeError):
         trio_procown.OwnedCommand(object())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1])
+async def test_first_signal_is_the_callers_choice(domain: str, sig: int) -> None:
+    """first_signal replaces SIGTERM in the graceful stage (SIGCONT still follows); the step says so."""
+    name = signal.Signals(sig).name
+    code = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"signal.signal(signal.{name}, lambda *a: sys.exit(7))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    async with trio_procown.open_owned_command(py(code), domain=domain, grace=5, first_signal=sig) as run:
+        await _until_line(run, "ready")
+        receipt = await run.terminate()
+    assert (receipt.returncode, receipt.forced) == (7, False)
+    graceful = next(s for s in receipt.steps if s.action is trio_procown.Action.SIGNAL)
+    assert graceful.signals == (name, "SIGCONT")
+
+
+async def test_first_signal_zero_sends_nothing_then_forces() -> None:
+    """first_signal=0 (GNU timeout's -s 0) sends no graceful signal: after the grace, SIGKILL."""
+    result = await trio_procown.run_owned(["sleep", "30"], timeout=0.1, grace=0.2, first_signal=0)
+    r = result.receipt
+    assert (r.forced, r.returncode) == (True, -signal.SIGKILL)
+    first = next(s for s in r.steps if s.action is trio_procown.Action.SIGNAL)
+    assert first.signals == ()
+
+
+@pytest.mark.parametrize("value", [9999, -1])
+async def test_unknown_first_signal_is_refused(value: int) -> None:
+    """A number that is no signal raises ValueError before anything is spawned."""
+    with pytest.raises(ValueError, match="first_signal"):
+        await trio_procown.run_owned(["true"], first_signal=value)

@@ -39,7 +39,7 @@ from typing import Literal
 import trio
 
 from . import _inotify, _pidfd, _procfs
-from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned
+from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names
 from ._errors import DomainUnavailable
 from ._leader import Leader
 from ._placement import shim_argv
@@ -432,7 +432,7 @@ class CgroupDomain(Domain):
     # the shim has written itself into cgroup.procs (a teardown can start that
     # early, e.g. timeout=0) it is not listed, and it forks only after it is.
 
-    def signal_graceful(self) -> Sent:
+    def signal_graceful(self, sigs: tuple[int, ...] = (signal.SIGTERM, signal.SIGCONT)) -> Sent:
         # Most members share the leader's process group: signal it as one
         # (atomic against a member forking meanwhile; safe because the leader
         # is unreaped, so its pid, the pgid, cannot be recycled). Members
@@ -441,20 +441,23 @@ class CgroupDomain(Domain):
         # next target is still tried.
         assert self.leader is not None
         if self.placement == "failed":
-            return self._group.signal_graceful()
+            return self._group.signal_graceful(sigs)
         pgid = self.leader.pid
         failed: list[str] = []
         grouped = False
+        if not sigs:
+            return Sent(f"no signal to cgroup {self.path}")
         try:
-            grouped = killpg_owned(pgid, signal.SIGTERM)
-            if grouped:
-                killpg_owned(pgid, signal.SIGCONT)
+            grouped = killpg_owned(pgid, sigs[0])
+            for sig in sigs[1:] if grouped else ():
+                killpg_owned(pgid, sig)
         except OSError as exc:
             failed.append(f"process group {pgid}: {describe_error(exc)}")
         if not grouped:  # the leader may not have reached its group yet
             try:
-                if self.leader.signal(signal.SIGTERM):
-                    self.leader.signal(signal.SIGCONT)
+                if self.leader.signal(sigs[0]):
+                    for sig in sigs[1:]:
+                        self.leader.signal(sig)
             except OSError as exc:
                 failed.append(f"leader {pgid}: {describe_error(exc)}")
         listed = [p for p in self._pids() if p != pgid]
@@ -466,9 +469,10 @@ class CgroupDomain(Domain):
             self.seen[pid] = info.start
             if not (grouped and info.pgrp == pgid):
                 outside.append(pid)
-        sent = self._send_each(outside, (signal.SIGTERM, signal.SIGCONT), failed)
+        sent = self._send_each(outside, sigs, failed)
         return Sent(
-            f"SIGTERM+SIGCONT to process group {pgid} and to {sent} other member(s) of cgroup {self.path}",
+            f"{signal_names(sigs)} to process group {pgid} "
+            f"and to {sent} other member(s) of cgroup {self.path}",
             "; ".join(failed),
         )
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -388,6 +389,7 @@ async def open_owned_command(
     escapees: EscapeePolicy = "terminate",
     max_output: int = DEFAULT_MAX_OUTPUT,
     subreaper: bool = False,
+    first_signal: int = signal.SIGTERM,
 ) -> AsyncIterator[OwnedCommand]:
     """Run `command` owned by this block: every process it starts is torn
     down, with a bounded teardown, before control leaves the block.
@@ -407,6 +409,9 @@ async def open_owned_command(
     `escapees`: what to do with processes that left the domain (found by the
     census): ``"terminate"`` or ``"report"``.
     `max_output`: per-stream memory bound; head and tail are kept.
+    `first_signal`: the graceful stage's signal (default SIGTERM; SIGINT for
+    tools that clean up on Ctrl-C, SIGHUP, ...; 0 sends nothing); SIGCONT
+    always follows it.
 
     Synopsis::
 
@@ -419,7 +424,7 @@ async def open_owned_command(
     check_budget("grace", grace)
     check_budget("kill_wait", kill_wait)
     check_budget("drain_wait", drain_wait)
-    machine = Escalation(Budgets(grace, kill_wait, drain_wait), escapees)
+    machine = Escalation(Budgets(grace, kill_wait, drain_wait), escapees, first_signal)
     argv, spawned = spawn(
         command,
         stdin=stdin,
@@ -497,6 +502,7 @@ class OwnedOptions(TypedDict, total=False):
     escapees: EscapeePolicy
     max_output: int
     subreaper: bool
+    first_signal: int
 
 
 async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:

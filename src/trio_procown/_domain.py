@@ -41,6 +41,11 @@ from ._procfs import ProcessTable, ProcInfo
 RECHECK_INTERVAL = 0.05
 
 
+def signal_names(sigs: tuple[int, ...]) -> str:
+    """ "SIGTERM+SIGCONT"; "no signal" for an empty stage (GNU timeout's -s 0)."""
+    return "+".join(signal.Signals(s).name for s in sigs) or "no signal"
+
+
 def describe_error(exc: OSError) -> str:
     """An OSError as its errno name and message: "EPERM (Operation not permitted)"."""
     name = errno.errorcode.get(exc.errno or 0, "error")
@@ -99,8 +104,9 @@ class Domain(abc.ABC):
         """
 
     @abc.abstractmethod
-    def signal_graceful(self) -> Sent:
-        """Send SIGTERM then SIGCONT to every member; describe what was sent.
+    def signal_graceful(self, sigs: tuple[int, ...] = (signal.SIGTERM, signal.SIGCONT)) -> Sent:
+        """Send `sigs` (by default SIGTERM then SIGCONT) to every member;
+        describe what was sent.
         Never raises for a refused signal: that is reported in the result."""
 
     @abc.abstractmethod
@@ -197,8 +203,7 @@ class ProcessGroupDomain(Domain):
         return killpg_owned(self.pgid, sig) if not self.leader.reaped else False
 
     def _send_group(self, sigs: tuple[int, ...]) -> Sent:
-        names = "+".join(signal.Signals(s).name for s in sigs)
-        detail = f"{names} to process group {self.pgid}"
+        detail = f"{signal_names(sigs)} to process group {self.pgid}"
         sent = False
         failed = []
         for sig in sigs:
@@ -210,8 +215,8 @@ class ProcessGroupDomain(Domain):
             detail += " (no process)"
         return Sent(detail, "; ".join(failed))
 
-    def signal_graceful(self) -> Sent:
-        return self._send_group((signal.SIGTERM, signal.SIGCONT))
+    def signal_graceful(self, sigs: tuple[int, ...] = (signal.SIGTERM, signal.SIGCONT)) -> Sent:
+        return self._send_group(sigs)
 
     def force(self) -> Sent:
         return self._send_group((signal.SIGKILL,))

@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +46,23 @@ EscapeePolicy = Literal["terminate", "report"]
 DEFAULT_GRACE = 2.0
 DEFAULT_KILL_WAIT = 1.0
 DEFAULT_DRAIN_WAIT = 0.5
+
+
+def graceful_signals(first: int) -> tuple[int, ...]:
+    """The first stage's signals: `first`, then SIGCONT so a stopped member
+    can act on it. Signal 0 sends nothing (GNU timeout's ``-s 0``); an
+    unknown signal number raises ValueError."""
+    if isinstance(first, bool) or not isinstance(first, int):
+        msg = f"first_signal must be a signal number, not {first!r}"
+        raise TypeError(msg)
+    if first == 0:
+        return ()
+    try:
+        sig = signal.Signals(first)
+    except ValueError:
+        msg = f"first_signal: {first!r} is not a signal on this platform"
+        raise ValueError(msg) from None
+    return (sig,) if sig == signal.SIGCONT else (sig, signal.SIGCONT)
 
 
 class State(enum.Enum):
@@ -132,10 +150,13 @@ class Escalation:
         machine.forced                                  # True
     """
 
-    def __init__(self, budgets: Budgets, escapees: EscapeePolicy = "terminate") -> None:
+    def __init__(
+        self, budgets: Budgets, escapees: EscapeePolicy = "terminate", first_signal: int = signal.SIGTERM
+    ) -> None:
         if escapees not in ("terminate", "report"):
             msg = f"escapees must be 'terminate' or 'report', not {escapees!r}"
             raise ValueError(msg)
+        self.graceful = graceful_signals(first_signal)
         self.budgets = budgets
         self.escapees: EscapeePolicy = escapees
         self.state = State.RUNNING

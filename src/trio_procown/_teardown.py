@@ -49,7 +49,6 @@ TEARDOWN_ALLOWANCE = 0.5
 # already exceeded), how long the forced fallback may wait for the domain.
 CUT_SHORT_WAIT = 0.25
 
-_GRACEFUL = (signal.SIGTERM, signal.SIGCONT)
 _FORCE = (signal.SIGKILL,)
 
 
@@ -171,9 +170,9 @@ class Teardown:
             # Signal first: the scan costs milliseconds. The scan then
             # serves both the census and, as a hint of whom to wait for,
             # the domain's wait.
-            sigs = _GRACEFUL
+            sigs = machine.graceful
             self._fates.before_signal(None, kill=False)
-            self._signal_step("domain", self._domain.signal_graceful(), sigs)
+            self._signal_step("domain", self._domain.signal_graceful(sigs), sigs)
             table = await self._table()
             escapees = census.scan(self._domain, table)
             if escapees and machine.signals_escapees:
