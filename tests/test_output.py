@@ -271,3 +271,54 @@ async def test_one_captured_stream_decides_the_output_state() -> None:
     r = result.receipt
     assert r.output == "complete"
     assert {s.name: s.state for s in r.streams} == {"stdout": "eof", "stderr": "not captured"}
+
+
+async def test_output_to_an_open_fd_and_a_file_object(tmp_path: object) -> None:
+    """stdout to an open fd and stderr to a file object: written there, not closed, "not captured"."""
+    import os
+
+    path = os.path.join(str(tmp_path), "out.txt")
+    with open(path, "wb") as err_file:
+        err_fd = err_file.fileno()
+        fd = os.open(os.path.join(str(tmp_path), "fd.txt"), os.O_WRONLY | os.O_CREAT)
+        try:
+            result = await trio_procown.run_owned(
+                ["sh", "-c", "echo to-fd; echo to-file >&2"], stdout=fd, stderr=err_file
+            )
+            os.fstat(fd)  # still open: the fd stays the caller's
+        finally:
+            os.close(fd)
+    with open(os.path.join(str(tmp_path), "fd.txt")) as f:
+        assert f.read() == "to-fd\n"
+    with open(path) as f:
+        assert f.read() == "to-file\n"
+    r = result.receipt
+    assert r.output == "not captured"
+    assert {s.name: s.target for s in r.streams} == {
+        "stdout": f"fd {fd}",
+        "stderr": f"fd {err_fd}",
+    }
+
+
+async def test_inherit_passes_the_callers_stream() -> None:
+    """stdout="inherit": the command writes to our own fd 1 (here a pipe we read), not captured."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import functools, trio, trio_procown\n"
+        "r = trio.run(functools.partial(trio_procown.run_owned, ['echo', 'through'], stdout='inherit'))\n"
+        "print(r.receipt.streams[0].state, r.receipt.streams[0].target, flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=30, check=True, env=os.environ
+    )
+    assert done.stdout.decode().splitlines() == ["through", "not captured inherited"]
+
+
+@pytest.mark.parametrize("target", [-1, True, 3.5])
+async def test_bad_output_fd_is_refused_before_spawning(target: object) -> None:
+    """A negative fd, a bool or a float as an output target raises before anything runs."""
+    with pytest.raises((ValueError, TypeError), match="stdout"):
+        await trio_procown.run_owned(["true"], stdout=target)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from ._choice import auto_choice as auto_choice
 from ._choice import available_domains as available_domains
 from ._command import CAPTURE as CAPTURE
 from ._command import DEVNULL as DEVNULL
+from ._command import INHERIT as INHERIT
 from ._command import STDOUT as STDOUT
 from ._command import OwnedCommand as OwnedCommand
 from ._command import OwnedResult as OwnedResult
@@ -39,6 +40,7 @@ __all__ = [
     "CAPTURE",
     "COOKIE_VAR",
     "DEVNULL",
+    "INHERIT",
     "STDOUT",
     "Action",
     "DomainOption",

@@ -41,7 +41,7 @@ from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
 from ._errors import HandoffError
 from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT, Budgets, Escalation, Event
 from ._receipt import Action, Cause, HandoffReceipt, Receipt
-from ._spawn import CAPTURE, DEVNULL, STDOUT, Command, Spawned, Target, check_budget, spawn
+from ._spawn import CAPTURE, DEVNULL, INHERIT, STDOUT, Command, Spawned, Target, check_budget, spawn
 from ._stdin import StdinSource
 from ._teardown import TEARDOWN_ALLOWANCE, Teardown
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPTURE",
     "DEVNULL",
+    "INHERIT",
     "STDOUT",
     "Command",
     "HandoffError",
@@ -403,8 +404,10 @@ async def open_owned_command(
 
     `stdin`: None (``/dev/null``), bytes, a path, an open fd or file object
     (inherited as is, sharing its offset; not closed), or a trio ReceiveStream.
-    `stdout` / `stderr`: ``"capture"`` (default), ``"devnull"``, a file path,
-    and for stderr also ``"stdout"`` (merged, in order).
+    `stdout` / `stderr`: ``"capture"`` (default), ``"devnull"``,
+    ``"inherit"`` (the caller's own stream), a file path, an open fd or file
+    object (passed as is, not closed), and for stderr also ``"stdout"``
+    (merged, in order). Only captured streams are claimed in the receipt.
     `domain`: ``"auto"``, ``"cgroup"`` or ``"process-group"``.
     `escapees`: what to do with processes that left the domain (found by the
     census): ``"terminate"`` or ``"report"``.

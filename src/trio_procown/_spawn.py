@@ -27,12 +27,15 @@ from ._choice import DomainName, make_domain
 from ._domain import Domain
 from ._drain import Drain
 from ._leader import Leader
-from ._stdin import Feeder, StdinSource
+from ._stdin import Feeder, HasFileno, StdinSource
 
 CAPTURE = "capture"
 STDOUT = "stdout"
 DEVNULL = "devnull"
-Target: TypeAlias = "str | os.PathLike[str]"
+INHERIT = "inherit"  # the caller's own stream (our fd 1 or 2), passed as is
+# A target: one of the names above, a file path, or an open fd / file
+# object (passed to the command as is, not closed by us).
+Target: TypeAlias = "str | os.PathLike[str] | int | HasFileno"
 Command: TypeAlias = "str | Sequence[str | os.PathLike[str]]"
 
 
@@ -177,8 +180,32 @@ def spawn(
     return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets)
 
 
-def _open_target(target: Target) -> int:
+def _open_target(target: str | os.PathLike[str]) -> int:
     return os.open(os.fspath(target), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+
+
+def _given_fd(name: str, target: object) -> int:
+    """An open fd, or a file object's, given as an output target."""
+    if isinstance(target, bool):
+        fd = -1
+    elif isinstance(target, int):
+        fd = target
+    elif callable(getattr(target, "fileno", None)):
+        fd = target.fileno()  # type: ignore[attr-defined]
+        flush = getattr(target, "flush", None)
+        if callable(flush):
+            flush()  # what Python buffered goes first, in order
+    else:
+        msg = (
+            f"{name} must be 'capture', 'devnull', 'inherit', a path, an open file descriptor "
+            f"or file object{', or stdout' if name == 'stderr' else ''}, not {type(target).__name__}"
+        )
+        raise TypeError(msg)
+    if not isinstance(fd, int) or fd < 0:
+        msg = f"{name} must be an open file descriptor (>= 0), not {fd!r}"
+        raise ValueError(msg)
+    os.fstat(fd)  # a closed fd raises EBADF here, before anything is started
+    return fd
 
 
 def _stdin_fd(
@@ -232,6 +259,15 @@ def _output_fd(
         child_fds.append(w)
         drains[name] = Drain(name, r, limit)
         return w
+    if target == INHERIT:
+        fd = 1 if name == "stdout" else 2
+        os.fstat(fd)  # a closed stream raises EBADF before anything is started
+        targets[name] = "inherited"
+        return fd
+    if not isinstance(target, (str, os.PathLike)):
+        fd = _given_fd(name, target)
+        targets[name] = f"fd {fd}"
+        return fd
     fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC) if target == DEVNULL else _open_target(target)
     child_fds.append(fd)
     targets[name] = "devnull" if target == DEVNULL else f"file {os.fspath(target)}"
