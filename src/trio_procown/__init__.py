@@ -31,6 +31,8 @@ from ._receipt import ProcessRecord as ProcessRecord
 from ._receipt import Receipt as Receipt
 from ._receipt import Step as Step
 from ._receipt import StreamRecord as StreamRecord
+from ._run_process import OwnedProcess as OwnedProcess
+from ._run_process import run_process as run_process
 from ._service import Service as Service
 from ._service import ServiceOwner as ServiceOwner
 from ._service import open_service_owner as open_service_owner
@@ -49,6 +51,7 @@ __all__ = [
     "HandoffReceipt",
     "NoLeaks",
     "OwnedCommand",
+    "OwnedProcess",
     "OwnedResult",
     "OwnerClosed",
     "ProcessLeakError",
@@ -71,6 +74,7 @@ __all__ = [
     "ready_port",
     "ready_when",
     "run_owned",
+    "run_process",
 ]
 
 __version__ = "0.1.0"

@@ -107,6 +107,7 @@ class OwnedCommand:
         self._relocating = False  # a handoff is moving the tasks to an owner
         self._supervisor_stopped = trio.Event()
         self._stop_cause: Cause | None = None
+        self._custom_stop = False  # begin_stop(): the caller signals first
         self._done = trio.Event()
 
     # -- public surface -------------------------------------------------------
@@ -282,6 +283,36 @@ class OwnedCommand:
         """
         return lines(self.stream(name, lossless=lossless), encoding, errors)
 
+    def poll(self) -> int | None:
+        """The direct process's status once it has exited (-N for signal N),
+        else None; it is not reaped before the teardown is over."""
+        return self._leader.returncode if self._leader.reaped else self._leader.poll()
+
+    def send_signal(self, sig: int) -> bool:
+        """Send `sig` to the direct process only (not its domain); False if
+        it has already exited. Safe against pid reuse: the process is held
+        by a pidfd and not reaped before the teardown is over.
+
+        Synopsis::
+
+            import signal
+
+            async with trio_procown.open_owned_command(["sleep", "30"]) as run:
+                run.send_signal(signal.SIGTERM)
+                receipt = await run.wait()
+        """
+        return self._leader.signal(sig)
+
+    def begin_stop(self, cause: Cause, how: str) -> None:
+        """Record that the caller is stopping the command its own way (`how`,
+        e.g. a custom deliver_cancel) before the owned teardown: when the
+        direct process then exits, the receipt says it was stopped with
+        `cause`, never that it exited by itself."""
+        if self._stop_cause is None:
+            self._stop_cause = cause
+        self._custom_stop = True
+        self._teardown.step(Action.STOP, "leader", cause, how)
+
     def owns_pid(self, pid: int) -> bool:
         """Is process `pid` inside this command's domain right now (read fresh)?"""
         return self._spawned.domain.contains(pid)
@@ -343,7 +374,14 @@ class OwnedCommand:
             return
         teardown = self._teardown
         code = self._leader.poll()
-        if exited or (code is not None and self._stop_cause is None):
+        if self._custom_stop:
+            # The caller stopped it its own way first (begin_stop): the
+            # owned teardown follows, for whatever of the domain is left.
+            assert self._stop_cause is not None
+            if code is not None:
+                teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited after the caller's stop")
+            teardown.machine.handle(Event.STOP, cause=self._stop_cause)
+        elif exited or (code is not None and self._stop_cause is None):
             teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited")
             teardown.machine.handle(Event.LEADER_EXITED)
         else:

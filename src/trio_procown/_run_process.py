@@ -1,0 +1,396 @@
+# trio.run_process, owned: the one-import migration.
+#
+# `trio_procown.run_process` takes trio.run_process's arguments and gives its
+# results (subprocess.CompletedProcess, CalledProcessError with the output,
+# a process handle under nursery.start), and trio's own validation errors,
+# word for word, so code and tests written against trio keep working. The
+# difference is the point: the command runs in an owned domain
+# (open_owned_command), so cancellation, a `check` failure or an error ends
+# every process it started, within the teardown's bound, before anything
+# propagates; the CompletedProcess carries the receipt (`.receipt`).
+#
+# How trio's arguments map onto an owned command:
+#
+#   stdin=b"..." (default b"")  -> fed through a pipe, then EOF
+#   stdin=None                  -> the caller's stdin (fd 0), as trio
+#   stdin=fd / file object      -> passed as is
+#   stdin=subprocess.DEVNULL    -> /dev/null
+#   stdin=subprocess.PIPE       -> (nursery.start only) handle.stdin, a SendStream
+#   capture_stdout=True         -> the single drain ("capture")
+#   stdout=None (default)       -> the caller's stdout ("inherit"), as trio
+#   stdout=subprocess.PIPE      -> (nursery.start only) handle.stdout, a
+#                                  ReceiveStream fed losslessly by the drain
+#   stderr=subprocess.STDOUT    -> merged into stdout
+#
+# deliver_cancel is honoured as in trio: on cancellation it is called with
+# the handle, shielded, until the direct process exits; then the owned
+# teardown ends whatever else of the domain is left. Unlike trio's, its wait
+# is bounded (grace + kill_wait), so a custom cancel can be gentler but can
+# neither hang the caller nor leave the tree behind.
+#
+# Options that cannot be honoured while owning the tree raise instead of
+# silently dropping ownership: preexec_fn (runs in the child before exec:
+# unsafe with threads, and the domain must be entered first),
+# start_new_session=False and process_group (the command always starts in a
+# session of its own), close_fds=False (the command would hold our pipes).
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, final
+
+import trio
+
+from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
+from ._drain import ChunkStream
+from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
+
+# Popen keywords that would give up ownership of the tree, and why.
+_REFUSED = {
+    "preexec_fn": "it runs in the child before exec, where the command must already be in its domain "
+    "(and it is unsafe with threads)",
+    "process_group": "the command always starts in a session and process group of its own",
+    "user": "changing user is not supported by the owned spawn",
+    "group": "changing group is not supported by the owned spawn",
+    "extra_groups": "changing groups is not supported by the owned spawn",
+    "pass_fds": "extra inherited fds are not supported by the owned spawn",
+    "startupinfo": "Windows only",
+    "creationflags": "Windows only",
+}
+# Options of trio_procown itself, accepted beside trio's.
+_OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal")
+
+
+@final
+class OwnedProcess:
+    """The handle `nursery.start(trio_procown.run_process, ...)` returns: the
+    members of `trio.Process` that callers use, over an owned command.
+
+    Synopsis::
+
+        import functools
+
+        async with trio.open_nursery() as nursery:
+            start = functools.partial(trio_procown.run_process, ["sleep", "30"], check=False)
+            proc = await nursery.start(start)
+            proc.terminate()
+            print(await proc.wait())
+    """
+
+    def __init__(
+        self,
+        run: OwnedCommand,
+        args: object,
+        stdin: trio.abc.SendStream | None,
+        stdout: trio.abc.ReceiveStream | None,
+        stderr: trio.abc.ReceiveStream | None,
+    ) -> None:
+        self.run = run  # the owned command (its receipt, its output record)
+        self.args = args
+        self.stdin = stdin
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdio: trio.StapledStream[trio.abc.SendStream, trio.abc.ReceiveStream] | None = (
+            trio.StapledStream(stdin, stdout) if stdin is not None and stdout is not None else None
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.run.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has exited (-N for signal N)."""
+        return self.run.poll()
+
+    def poll(self) -> int | None:
+        return self.run.poll()
+
+    async def wait(self) -> int:
+        """Wait until the direct process has exited; return its status."""
+        while (code := self.run.poll()) is None:
+            await self.run.phase.wait_transition()
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        self.run.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.run.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.run.send_signal(signal.SIGKILL)
+
+    def __repr__(self) -> str:
+        code = self.returncode
+        status = "running" if code is None else f"exited with status {code}"
+        return f"<trio_procown.OwnedProcess {self.args!r}: {status}>"
+
+
+class _ChunkReceiveStream(trio.abc.ReceiveStream):
+    """A ReceiveStream over the command's single drain (lossless)."""
+
+    def __init__(self, chunks: ChunkStream) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if not self._pending:
+            try:
+                self._pending = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return b""
+        if max_bytes is None or max_bytes >= len(self._pending):
+            data, self._pending = self._pending, b""
+        else:
+            data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
+        return data
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+        await trio.lowlevel.checkpoint()
+
+
+def _check_command(command: object, shell: bool) -> None:
+    # trio's own messages, word for word.
+    if isinstance(command, (str, bytes)) and not shell:
+        msg = "command must be a sequence (not a string or bytes) if shell=False on UNIX systems"
+        raise TypeError(msg)
+    if not isinstance(command, (str, bytes)) and shell:
+        msg = "command must be a string or bytes (not a sequence) if shell=True on UNIX systems"
+        raise TypeError(msg)
+
+
+def _check_options(options: dict[str, object]) -> None:
+    for key in ("universal_newlines", "text", "encoding", "errors", "bufsize"):
+        if options.get(key):
+            msg = (
+                "trio.Process only supports communicating over "
+                f"unbuffered byte streams; the '{key}' option is not supported"
+            )
+            raise TypeError(msg)
+    for key, why in _REFUSED.items():
+        if options.get(key) is not None:
+            msg = f"trio_procown.run_process cannot honour {key}= while owning the command's tree: {why}"
+            raise TypeError(msg)
+    if "start_new_session" in options and not options["start_new_session"]:
+        msg = (
+            "trio_procown.run_process cannot honour start_new_session=False: the command always starts "
+            "in a session of its own (that is how its tree is owned)"
+        )
+        raise ValueError(msg)
+    if "close_fds" in options and not options["close_fds"]:
+        msg = "trio_procown.run_process cannot honour close_fds=False: the command would hold our pipes open"
+        raise ValueError(msg)
+    known = {
+        "cwd",
+        "env",
+        "stdout",
+        "stderr",
+        "shell",
+        "start_new_session",
+        "close_fds",
+        "executable",
+        *_OWNED,
+    }
+    unknown = (
+        set(options) - known - set(_REFUSED) - {"universal_newlines", "text", "encoding", "errors", "bufsize"}
+    )
+    if unknown:
+        name = sorted(unknown)[0]
+        msg = f"run_process() got an unexpected keyword argument {name!r}"
+        raise TypeError(msg)
+
+
+def _output_target(name: str, value: Any, capture: bool) -> Target:
+    if capture:
+        if value is not _ABSENT:
+            msg = f"can't specify both {name} and capture_{name}"
+            raise ValueError(msg)
+        return CAPTURE
+    if value is _ABSENT or value is None:
+        return INHERIT
+    if value == subprocess.DEVNULL:
+        return DEVNULL
+    if value == subprocess.PIPE:
+        return CAPTURE
+    if value == subprocess.STDOUT:
+        if name == "stdout":
+            msg = "STDOUT can only be used for stderr"
+            raise ValueError(msg)
+        return STDOUT
+    target: Target = value  # an fd or a file object: passed as is
+    return target
+
+
+_ABSENT: Any = object()
+
+
+async def run_process(
+    command: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
+    *,
+    stdin: bytes | bytearray | memoryview | int | Any | None = b"",
+    capture_stdout: bool = False,
+    capture_stderr: bool = False,
+    check: bool = True,
+    deliver_cancel: Callable[[OwnedProcess], Awaitable[object]] | None = None,
+    task_status: trio.TaskStatus[OwnedProcess] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
+) -> subprocess.CompletedProcess[bytes]:
+    """`trio.run_process`, owned: same arguments, results and errors, and
+    every process the command starts ends before this returns or raises.
+
+    The CompletedProcess (and a CalledProcessError) carries the receipt as
+    ``.receipt``. Under ``nursery.start`` it hands back an `OwnedProcess`.
+    Besides trio's options it takes ``grace``, ``kill_wait``, ``drain_wait``,
+    ``domain``, ``escapees``, ``max_output`` and ``first_signal`` (see
+    `open_owned_command`). `deliver_cancel`, if given, is called on
+    cancellation as in trio, bounded by ``grace + kill_wait``; the owned
+    teardown runs after it.
+
+    Synopsis::
+
+        done = await trio_procown.run_process(["sh", "-c", "echo hi"], capture_stdout=True)
+        print(done.returncode, done.stdout, done.receipt.domain_empty)
+    """
+    if isinstance(stdin, str):
+        msg = "process stdin must be bytes, not str"
+        raise UnicodeError(msg)
+    started_as_task = task_status is not trio.TASK_STATUS_IGNORED
+    if not started_as_task:
+        if stdin is subprocess.PIPE:
+            msg = (
+                "stdin=subprocess.PIPE is only valid with nursery.start, "
+                "since that's the only way to access the pipe; use nursery.start "
+                "or pass the data you want to write directly"
+            )
+            raise ValueError(msg)
+        for name in ("stdout", "stderr"):
+            if options.get(name) is subprocess.PIPE:
+                msg = (
+                    f"{name}=subprocess.PIPE is only valid with nursery.start, "
+                    "since that's the only way to access the pipe"
+                )
+                raise ValueError(msg)
+    shell = bool(options.pop("shell", False))
+    _check_command(command, shell)
+    _check_options(options)
+    owned: dict[str, Any] = {key: options.pop(key) for key in _OWNED if key in options}
+    options.pop("start_new_session", None)
+    options.pop("close_fds", None)
+    executable = options.pop("executable", None)
+    piped = {name: options.get(name, _ABSENT) is subprocess.PIPE for name in ("stdout", "stderr")}
+    stdout = _output_target("stdout", options.pop("stdout", _ABSENT), capture_stdout)
+    stderr = _output_target("stderr", options.pop("stderr", _ABSENT), capture_stderr)
+
+    argv: str | list[str]
+    if shell:
+        script = os.fsdecode(command)  # type: ignore[arg-type]
+        argv = script if executable is None else [os.fsdecode(executable), "-c", script]
+    else:
+        argv = [os.fsdecode(a) for a in command]  # type: ignore[union-attr, arg-type]
+        if executable is not None:
+            msg = "trio_procown.run_process does not support executable= without shell=True"
+            raise TypeError(msg)
+
+    stdin_write: int | None = None
+    stdin_read: int | None = None
+    source: Any
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        source = bytes(stdin)
+    elif stdin is None:
+        source = 0  # the caller's stdin, as trio
+    elif stdin is subprocess.PIPE or stdin == subprocess.PIPE:
+        stdin_read, stdin_write = os.pipe()
+        os.set_inheritable(stdin_read, False)
+        source = stdin_read
+    elif stdin is subprocess.DEVNULL or stdin == subprocess.DEVNULL:
+        source = None
+    else:
+        source = stdin
+
+    grace = owned.pop("grace", DEFAULT_GRACE)
+    kill_wait = owned.pop("kill_wait", DEFAULT_KILL_WAIT)
+    try:
+        async with open_owned_command(
+            argv,
+            stdin=source,
+            stdout=stdout,
+            stderr=stderr,
+            grace=grace,
+            kill_wait=kill_wait,
+            drain_wait=owned.pop("drain_wait", DEFAULT_DRAIN_WAIT),
+            **options,
+            **owned,
+        ) as run:
+            if stdin_read is not None:
+                os.close(stdin_read)  # the command holds its own copy
+                stdin_read = None
+            send = trio.lowlevel.FdStream(stdin_write) if stdin_write is not None else None
+            stdin_write = None
+            handle = OwnedProcess(
+                run,
+                command,
+                send,
+                _ChunkReceiveStream(run.stream("stdout", lossless=True)) if piped["stdout"] else None,
+                _ChunkReceiveStream(run.stream("stderr", lossless=True)) if piped["stderr"] else None,
+            )
+            task_status.started(handle)
+            try:
+                await run.wait()
+            except BaseException:
+                if deliver_cancel is not None and run.poll() is None:
+                    await _deliver(run, handle, deliver_cancel, grace + kill_wait)
+                raise
+            finally:
+                if send is not None:
+                    with trio.CancelScope(shield=True):
+                        await send.aclose()
+    finally:
+        for fd in (stdin_read, stdin_write):
+            if fd is not None:
+                os.close(fd)
+    receipt = run.receipt
+    assert receipt is not None
+    code = receipt.returncode
+    out = run.stdout if capture_stdout else None
+    err = run.stderr if capture_stderr else None
+    if code is None:
+        # It outlived its bounded teardown (a process we may not signal):
+        # there is no status to report, and the receipt says why.
+        if check:
+            msg = f"{command!r} did not exit within its teardown; see .receipt"
+            error = subprocess.SubprocessError(msg)
+            error.receipt = receipt  # type: ignore[attr-defined]
+            raise error
+        return subprocess.CompletedProcess(command, code, out, err)  # type: ignore[arg-type]
+    if code and check:
+        error = subprocess.CalledProcessError(code, command, output=out, stderr=err)
+        error.receipt = receipt  # type: ignore[attr-defined]
+        raise error
+    done = subprocess.CompletedProcess(command, code, out, err)
+    done.receipt = receipt  # type: ignore[attr-defined]
+    return done
+
+
+async def _deliver(
+    run: OwnedCommand,
+    handle: OwnedProcess,
+    deliver_cancel: Callable[[OwnedProcess], Awaitable[object]],
+    bound: float,
+) -> None:
+    """Call the caller's deliver_cancel, shielded, until the direct process
+    exits or `bound` passes; the owned teardown follows either way."""
+    run.begin_stop("cancelled", f"deliver_cancel ({getattr(deliver_cancel, '__name__', 'custom')}) called")
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + bound):
+        async with trio.open_nursery() as nursery:
+
+            async def deliver() -> None:
+                await deliver_cancel(handle)
+
+            nursery.start_soon(deliver)
+            await handle.wait()
+            nursery.cancel_scope.cancel()

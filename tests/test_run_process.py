@@ -1,0 +1,396 @@
+"""trio_procown.run_process: trio.run_process's contract, owned.
+
+Most tests are trio's own (trio/_tests/test_subprocess.py, trio 0.35), ported
+as they apply: the arguments, results and errors are trio's. What differs is
+named in each docstring; the last tests pin down the ownership itself."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import wait_all_tasks_blocked
+
+import trio_procown
+from conftest import MARKER
+from helpers import alive, kill_and_wait, pids_in
+from trio_procown import OwnedProcess, run_process
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-u", "-c", "import sys; " + code, MARKER]
+
+
+EXIT_TRUE = python("sys.exit(0)")
+EXIT_FALSE = python("sys.exit(1)")
+CAT = python("sys.stdout.buffer.write(sys.stdin.buffer.read())")
+COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR = python(
+    "data = sys.stdin.buffer.read(); sys.stdout.buffer.write(data); sys.stderr.buffer.write(data[::-1])"
+)
+
+
+def SLEEP(seconds: int) -> list[str]:
+    return ["sleep", str(seconds)]
+
+
+@asynccontextmanager
+async def run_process_in_nursery(*args: Any, **kwargs: Any) -> AsyncIterator[OwnedProcess]:
+    async with trio.open_nursery() as nursery:
+        kwargs.setdefault("check", False)
+        proc = await nursery.start(partial(run_process, *args, **kwargs))
+        assert isinstance(proc, OwnedProcess)
+        yield proc
+        nursery.cancel_scope.cancel()
+
+
+async def test_basic() -> None:
+    """trio's test_basic, on the handle: status and repr (named trio_procown.OwnedProcess)."""
+    async with run_process_in_nursery(EXIT_TRUE) as proc:
+        await proc.wait()
+    assert proc.returncode == 0
+    assert repr(proc) == f"<trio_procown.OwnedProcess {EXIT_TRUE}: exited with status 0>"
+    async with run_process_in_nursery(EXIT_FALSE) as proc:
+        await proc.wait()
+    assert proc.returncode == 1
+
+
+async def test_pipes() -> None:
+    """trio's test_pipes: stdin, stdout and stderr as streams under nursery.start."""
+    async with run_process_in_nursery(
+        COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        msg = b"the quick brown fox jumps over the lazy dog"
+
+        async def feed_input() -> None:
+            assert proc.stdin is not None
+            await proc.stdin.send_all(msg)
+            await proc.stdin.aclose()
+
+        async def check_output(stream: trio.abc.ReceiveStream, expected: bytes) -> None:
+            seen = bytearray()
+            async for chunk in stream:
+                seen += chunk
+            assert seen == expected
+
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        async with trio.open_nursery() as nursery:
+            nursery.cancel_scope.deadline = trio.current_time() + 30.0
+            nursery.start_soon(feed_input)
+            nursery.start_soon(check_output, proc.stdout, msg)
+            nursery.start_soon(check_output, proc.stderr, msg[::-1])
+        assert not nursery.cancel_scope.cancelled_caught
+        assert await proc.wait() == 0
+
+
+async def test_interactive() -> None:
+    """trio's test_interactive: back-and-forth through the pipes, receive_some(max_bytes) honoured."""
+    code = (
+        "idx = 0\n"
+        "while True:\n"
+        "    line = sys.stdin.readline()\n"
+        "    if line == '': break\n"
+        "    request = int(line.strip())\n"
+        "    print(str(idx * 2) * request)\n"
+        "    print(str(idx * 2 + 1) * request * 2, file=sys.stderr)\n"
+        "    idx += 1\n"
+    )
+    async with run_process_in_nursery(
+        python(code), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        stdout, stderr, stdin = proc.stdout, proc.stderr, proc.stdin
+
+        async def expect(idx: int, request: int) -> None:
+            async def drain_one(stream: trio.abc.ReceiveStream, count: int, digit: int) -> None:
+                while count > 0:
+                    result = await stream.receive_some(count)
+                    assert result == (f"{digit}".encode() * len(result))
+                    count -= len(result)
+                assert await stream.receive_some(1) == b"\n"
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain_one, stdout, request, idx * 2)
+                nursery.start_soon(drain_one, stderr, request * 2, idx * 2 + 1)
+
+        with trio.fail_after(5):
+            await stdin.send_all(b"12")
+            await trio.sleep(0.1)
+            await stdin.send_all(b"345\n")
+            await expect(0, 12345)
+            await stdin.send_all(b"100\n200\n")
+            await expect(1, 100)
+            await expect(2, 200)
+            await stdin.send_all(b"0\n")
+            await expect(3, 0)
+            await stdin.send_all(b"999999")
+            with trio.move_on_after(0.1) as scope:
+                await expect(4, 0)
+            assert scope.cancelled_caught
+            await stdin.send_all(b"\n")
+            await expect(4, 999999)
+            await stdin.aclose()
+            assert await stdout.receive_some(1) == b""
+            assert await stderr.receive_some(1) == b""
+            await proc.wait()
+    assert proc.returncode == 0
+
+
+async def test_run() -> None:
+    """trio's test_run: bytes in, captured out, and trio's own validation errors word for word."""
+    data = bytes(random.Random(0).randint(0, 255) for _ in range(2**18))
+    result = await run_process(CAT, stdin=data, capture_stdout=True, capture_stderr=True)
+    assert (result.args, result.returncode, result.stdout, result.stderr) == (CAT, 0, data, b"")
+    result = await run_process(CAT, capture_stdout=True)
+    assert (result.args, result.returncode, result.stdout, result.stderr) == (CAT, 0, b"", None)
+    result = await run_process(
+        COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR, stdin=data, capture_stdout=True, capture_stderr=True
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, data, data[::-1])
+
+    with pytest.raises(UnicodeError):
+        await run_process(CAT, stdin="oh no, it's text")  # type: ignore[arg-type]
+    pipe_stdin_error = (
+        r"^stdin=subprocess\.PIPE is only valid with nursery\.start, since that's the only way to access "
+        r"the pipe; use nursery\.start or pass the data you want to write directly$"
+    )
+    with pytest.raises(ValueError, match=pipe_stdin_error):
+        await run_process(CAT, stdin=subprocess.PIPE)
+    pipe_stdout_error = (
+        r"^stdout=subprocess\.PIPE is only valid with nursery\.start, "
+        r"since that's the only way to access the pipe$"
+    )
+    with pytest.raises(ValueError, match=pipe_stdout_error):
+        await run_process(CAT, stdout=subprocess.PIPE)
+    with pytest.raises(ValueError, match=pipe_stdout_error.replace("stdout", "stderr", 1)):
+        await run_process(CAT, stderr=subprocess.PIPE)
+    with pytest.raises(ValueError, match=r"^can't specify both stdout and capture_stdout$"):
+        await run_process(CAT, capture_stdout=True, stdout=subprocess.DEVNULL)
+    with pytest.raises(ValueError, match=r"^can't specify both stderr and capture_stderr$"):
+        await run_process(CAT, capture_stderr=True, stderr=None)
+
+
+async def test_run_check() -> None:
+    """trio's test_run_check: CalledProcessError with the output; check=False returns it."""
+    cmd = python("sys.stderr.buffer.write(b'test\\n'); sys.exit(1)")
+    with pytest.raises(subprocess.CalledProcessError) as excinfo:
+        await run_process(cmd, stdin=subprocess.DEVNULL, capture_stderr=True)
+    assert excinfo.value.cmd == cmd
+    assert excinfo.value.returncode == 1
+    assert excinfo.value.stderr == b"test\n"
+    assert excinfo.value.stdout is None
+    assert excinfo.value.receipt.cause == "exited"  # type: ignore[attr-defined]
+    result = await run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+    assert (result.args, result.stdout, result.stderr, result.returncode) == (cmd, b"", b"test\n", 1)
+
+
+async def test_run_with_broken_pipe() -> None:
+    """trio's test_run_with_broken_pipe: a command that closes its stdin early is not an error."""
+    result = await run_process([sys.executable, "-c", "import sys; sys.stdin.close()"], stdin=b"x" * 131072)
+    assert result.returncode == 0
+    assert result.stdout is result.stderr is None
+
+
+async def test_stderr_stdout() -> None:
+    """trio's test_stderr_stdout: stderr=STDOUT with a piped stdout, with run_process, and with an fd."""
+    async with run_process_in_nursery(
+        COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    ) as proc:
+        assert proc.stdio is not None
+        assert proc.stdout is not None
+        assert proc.stderr is None
+        await proc.stdio.send_all(b"1234")
+        await proc.stdio.send_eof()
+        output = []
+        while chunk := await proc.stdio.receive_some(16):
+            output.append(chunk)
+        assert b"".join(output) == b"12344321"
+    assert proc.returncode == 0
+
+    result = await run_process(
+        COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR,
+        stdin=b"1234",
+        capture_stdout=True,
+        stderr=subprocess.STDOUT,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"12344321", None)
+
+    r, w = os.pipe()
+    try:
+        async with run_process_in_nursery(
+            COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR,
+            stdin=subprocess.PIPE,
+            stdout=w,
+            stderr=subprocess.STDOUT,
+        ) as proc:
+            os.close(w)
+            assert proc.stdio is None
+            assert proc.stdout is None
+            assert proc.stderr is None
+            assert proc.stdin is not None
+            await proc.stdin.send_all(b"1234")
+            await proc.stdin.aclose()
+            assert await proc.wait() == 0
+            assert os.read(r, 4096) == b"12344321"
+            assert os.read(r, 4096) == b""
+    finally:
+        os.close(r)
+
+
+async def test_errors() -> None:
+    """trio's test_errors: text options refused, and the shell/sequence mismatch (trio's messages)."""
+    with pytest.raises(TypeError, match="the 'encoding' option is not supported"):
+        await run_process(["ls"], encoding="utf-8")
+    with pytest.raises(TypeError, match="command must be a string or bytes"):
+        await run_process(["ls"], shell=True)
+    with pytest.raises(TypeError, match="command must be a sequence"):
+        await run_process("ls", shell=False)
+
+
+@pytest.mark.parametrize(
+    ("send_it", "signum"),
+    [
+        (OwnedProcess.kill, signal.SIGKILL),
+        (OwnedProcess.terminate, signal.SIGTERM),
+        (lambda proc: proc.send_signal(signal.SIGUSR1), signal.SIGUSR1),
+    ],
+)
+async def test_signals(send_it: Callable[[OwnedProcess], None], signum: int) -> None:
+    """trio's test_signals: kill, terminate and send_signal reach the process."""
+    with trio.move_on_after(1.0) as scope:
+        async with run_process_in_nursery(SLEEP(3600)) as proc:
+            send_it(proc)
+            await proc.wait()
+    assert not scope.cancelled_caught
+    assert proc.returncode == -signum
+
+
+async def test_custom_deliver_cancel() -> None:
+    """trio's test_custom_deliver_cancel: called with the handle, cancelled once the process exited."""
+    called = False
+
+    async def custom_deliver_cancel(proc: OwnedProcess) -> None:
+        nonlocal called
+        called = True
+        proc.terminate()
+        try:
+            await trio.sleep_forever()
+        finally:
+            assert proc.returncode is not None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(run_process, SLEEP(9999), deliver_cancel=custom_deliver_cancel))
+        await wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert called
+
+
+async def test_run_process_background_fail() -> None:
+    """trio's test_run_process_background_fail: check=True under nursery.start raises CalledProcessError."""
+    with pytest.RaisesGroup(subprocess.CalledProcessError):
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(run_process, EXIT_FALSE)
+    assert proc.returncode == 1
+
+
+# -- what trio's run_process does not do -------------------------------------------
+
+# A shell that starts a grandchild in its own session (it leaves the process
+# group), prints its pid, then waits.
+TREE = "setsid sleep 30 & echo pid $!; sleep 30 & wait"
+
+
+async def test_cancellation_ends_the_whole_tree() -> None:
+    """Cancelled: trio kills the direct child only; here every process ends before Cancelled propagates."""
+    with trio.move_on_after(1):
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(
+                partial(run_process, TREE, shell=True, stdout=subprocess.PIPE, check=False)
+            )
+            assert proc.stdout is not None
+            line = await proc.stdout.receive_some()
+    (grandchild,) = pids_in(line)
+    try:
+        assert not alive(grandchild)
+        receipt = proc.run.receipt
+        assert receipt is not None
+        assert receipt.cause == "cancelled"
+    finally:
+        kill_and_wait(grandchild)
+
+
+async def test_deliver_cancel_is_gentler_but_never_leaves_the_tree() -> None:
+    """A custom deliver_cancel that ends only the shell: the owned teardown still ends the grandchild,
+    and the receipt says the command was stopped (not that it exited by itself)."""
+
+    async def only_the_shell(proc: OwnedProcess) -> None:
+        proc.send_signal(signal.SIGKILL)
+
+    holder: dict[str, OwnedProcess] = {}
+    with trio.move_on_after(1):
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(
+                partial(run_process, TREE, shell=True, stdout=subprocess.PIPE, deliver_cancel=only_the_shell)
+            )
+            holder["proc"] = proc
+            assert proc.stdout is not None
+            line = await proc.stdout.receive_some()
+    (grandchild,) = pids_in(line)
+    try:
+        assert not alive(grandchild)
+        receipt = holder["proc"].run.receipt
+        assert receipt is not None
+        assert (receipt.cause, receipt.returncode) == ("cancelled", -signal.SIGKILL)
+        assert any("deliver_cancel" in s.outcome for s in receipt.steps)
+        assert not any("exited by itself" in c for c in receipt.claims())
+    finally:
+        kill_and_wait(grandchild)
+
+
+async def test_completed_process_carries_the_receipt_without_changing_equality_or_repr() -> None:
+    """.receipt is an attribute: repr and fields are subprocess's own."""
+    done = await run_process(EXIT_TRUE)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert repr(done) == f"CompletedProcess(args={EXIT_TRUE!r}, returncode=0)"
+    assert done.receipt.cause == "exited"  # type: ignore[attr-defined]
+    assert done.receipt.domain_empty  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"preexec_fn": os.getpid}, TypeError),
+        ({"process_group": 0}, TypeError),
+        ({"start_new_session": False}, ValueError),
+        ({"close_fds": False}, ValueError),
+        ({"no_such_option": 1}, TypeError),
+    ],
+)
+async def test_options_that_would_drop_ownership_are_refused(options: dict[str, Any], error: type) -> None:
+    """Options that cannot be honoured while owning the tree raise a clear error, never run unowned."""
+    with pytest.raises(error, match=r"preexec_fn|process_group|start_new_session|close_fds|no_such_option"):
+        await run_process(EXIT_TRUE, **options)
+
+
+async def test_owned_options_are_accepted() -> None:
+    """trio_procown's own knobs (grace, domain, ...) pass through to the owned command."""
+    done = await run_process(EXIT_TRUE, grace=0.5, kill_wait=0.5, domain="process-group")
+    assert done.receipt.domain == "process-group"  # type: ignore[attr-defined]
+    assert trio_procown.run_process is run_process
