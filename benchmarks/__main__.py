@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import deadline, drain, force, peers, scaling, spawn
+from . import deadline, drain, force, keeper, peers, scaling, spawn
 from ._harness import (
     Config,
     Section,
@@ -45,6 +45,7 @@ SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
     "drain": drain.run,
     "scaling": scaling.run,
     "peers": peers.run,
+    "keeper": keeper.run,
 }
 
 

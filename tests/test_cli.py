@@ -242,14 +242,43 @@ def test_signal_during_the_timeouts_teardown_keeps_124(tmp_path: Path) -> None:
     assert (receipt["cause"], receipt["forced"], receipt["domain_empty"]) == ("timed_out", True, True)
 
 
-def test_broken_output_pipe_tears_down_and_exits_141() -> None:
-    """When procown's reader goes away, the command is torn down like a SIGPIPE'd pipeline."""
-    chatty = py("import time\nwhile True:\n    print('y', flush=True)\n    time.sleep(0.01)\n")
-    with started("run", "--", *chatty) as proc:
+@pytest.mark.timeout(60)
+def test_broken_output_pipe_reaches_the_command_and_exits_141(tmp_path: Path) -> None:
+    """`procown run -- yes | head -1`: when procown's reader goes away, procown
+    stops reading at once, `yes` sees the broken pipe itself and dies of
+    SIGPIPE (nothing tears it down), and procown exits 141 as a shell expects."""
+    receipt_path = tmp_path / "receipt.json"
+    with started("run", "--receipt", str(receipt_path), "--", "yes") as proc:
+        assert LineReader(proc.stdout).readline() == b"y\n"
+        assert proc.stdout is not None
+        proc.stdout.close()  # as `head -1` does
+        assert proc.wait(timeout=WAIT) == 128 + signal.SIGPIPE
+    receipt = json.loads(receipt_path.read_text())
+    assert (receipt["cause"], receipt["returncode"]) == ("exited", -signal.SIGPIPE)
+    assert [s for s in receipt["steps"] if s["action"] == "signal"] == []  # not torn down
+    assert receipt["domain_empty"] is True
+
+
+def test_command_that_handles_the_broken_pipe_sees_it() -> None:
+    """A command that handles EPIPE itself (Python ignores SIGPIPE) gets it on
+    its next write, as without procown, and goes on; procown still exits 141."""
+    code = (
+        "import os, sys, time\n"
+        "try:\n"
+        "    while True:\n"
+        "        print('y', flush=True)\n"
+        "        time.sleep(0.01)\n"
+        "except BrokenPipeError:\n"
+        "    os.write(2, b'saw the broken pipe\\n')\n"
+        "    os._exit(0)\n"
+    )
+    with started("run", "--", *py(code)) as proc:
         LineReader(proc.stdout).readline()
         assert proc.stdout is not None
         proc.stdout.close()
         assert proc.wait(timeout=WAIT) == 128 + signal.SIGPIPE
+        assert proc.stderr is not None
+        assert proc.stderr.read() == b"saw the broken pipe\n"
 
 
 # -- output and receipts ----------------------------------------------------------

@@ -322,3 +322,21 @@ async def test_bad_output_fd_is_refused_before_spawning(target: object) -> None:
     """A negative fd, a bool or a float as an output target raises before anything runs."""
     with pytest.raises((ValueError, TypeError), match="stdout"):
         await trio_procown.run_owned(["true"], stdout=target)  # type: ignore[arg-type]
+
+
+async def test_stop_reading_lets_the_command_see_a_broken_pipe() -> None:
+    """stop_reading(): the read end closes, `yes` dies of SIGPIPE by itself (no signal from us), and
+    the receipt says the caller closed the stream, not that the drain was abandoned after its bound."""
+    import signal
+
+    async with trio_procown.open_owned_command(["yes"], timeout=30) as run:
+        async for _ in run.stream("stdout"):
+            break
+        run.stop_reading("stdout")
+        receipt = await run.wait()
+    assert (receipt.cause, receipt.returncode, receipt.output) == ("exited", -signal.SIGPIPE, "closed")
+    assert not [s for s in receipt.steps if s.action is trio_procown.Action.SIGNAL]
+    assert {s.name: s.state for s in receipt.streams}["stdout"] == "closed"
+    claims = " ".join(receipt.claims())
+    assert "reading was stopped by the caller" in claims
+    assert "abandoned" not in claims

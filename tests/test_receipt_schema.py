@@ -26,7 +26,7 @@ from helpers import ESCAPEE
 from trio_procown import Receipt
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "receipt.schema.json"
-OPTIONAL = {"escape_evidence"}  # fields the schema allows but to_dict() may leave out
+OPTIONAL: set[str] = set()  # fields the schema allows but to_dict() may leave out
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from typing import Literal
 
 import trio
 
-from . import _inotify, _pidfd, _procfs
+from . import _inotify, _pidfd, _procfs, _stale
 from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names
 from ._errors import DomainUnavailable
 from ._leader import Leader
@@ -336,8 +336,8 @@ class CgroupDomain(Domain):
         return os.path.join(where or self.path, name)
 
     def prepare(self, argv: Sequence[str]) -> list[str]:
-        name = f"procown-{os.getpid()}-{next(_counter)}-{secrets.token_hex(3)}"
-        self.path = os.path.join(self.root, name)
+        _stale.sweep_once(self.root)  # the first use of a root: stale domains of dead owners
+        self.path = os.path.join(self.root, _stale.cgroup_name(next(_counter)))
         os.mkdir(self.path)
         self._procs_file = self._file("cgroup.procs")
         self._argv = shim_argv(self._procs_file, argv)
@@ -419,6 +419,11 @@ class CgroupDomain(Domain):
 
     def pgid_inside(self) -> int:
         return self._group.pgid if self.placement == "failed" else -1
+
+    @property
+    def escape_evidence(self) -> str:
+        # Only a leader seen inside the cgroup proves its descendants are there.
+        return "kernel" if self.placement == "verified" else "census"
 
     def contains(self, pid: int) -> bool:
         # /proc/PID/cgroup names the process's own cgroup: exact for that

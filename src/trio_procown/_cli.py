@@ -26,7 +26,11 @@
 # signal arriving during this stage abandons it. Then the receipt is written
 # and the exit status is computed from the receipt and the remembered
 # signal, following GNU timeout's conventions (see EPILOG). A broken pipe on
-# our stdout/stderr is treated like SIGPIPE: teardown, then 128+13.
+# our stdout/stderr (our reader went away, as in `procown run -- yes | head
+# -1`) stops that pump at once and closes our read end of the command's
+# pipe, so the command sees the broken pipe on its next write as it would
+# without procown (usually dying of SIGPIPE); procown exits 128+13 once the
+# command has ended.
 #
 # The pumps follow the drain *losslessly*: when our reader is slower than the
 # command, the drain holds back and the command's writes block, as they
@@ -44,7 +48,8 @@
 #
 # Argument errors print one line (`procown: error: ...`) and exit 125.
 #
-# `procown demo` lives in _demo.py.
+# `procown timeout` (GNU timeout's syntax) lives in _timeout.py; `procown
+# demo` in _demo.py.
 
 from __future__ import annotations
 
@@ -67,7 +72,7 @@ from . import __version__
 from ._cgroup import spawn_cost_note
 from ._choice import auto_choice, available_domains
 from ._command import OwnedCommand, open_owned_command
-from ._drain import DEFAULT_MAX_OUTPUT
+from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream
 from ._errors import CliError, DomainUnavailable
 from ._receipt import Receipt
 
@@ -151,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"procown {__version__}")
     sub = parser.add_subparsers(
-        title="subcommands", dest="subcommand", metavar="{run,doctor,demo}", required=True
+        title="subcommands", dest="subcommand", metavar="{run,timeout,doctor,demo}", required=True
     )
 
     run = sub.add_parser(
@@ -219,10 +224,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     run.set_defaults(run_parser=run)
 
+    # Listed for --help only: main() hands `procown timeout ...` to _timeout
+    # before argparse sees it (GNU's getopt syntax, not argparse's).
     sub.add_parser(
+        "timeout",
+        help="GNU timeout(1), owned: procown timeout [OPTION] DURATION COMMAND [ARG]...",
+        add_help=False,
+    )
+
+    doctor_parser = sub.add_parser(
         "doctor",
         help="show which ownership domains this machine offers and which one auto picks",
-        description="Show which ownership domains this machine offers, which one `auto` picks, and why.",
+        description=(
+            "Show which ownership domains this machine offers, which one `auto` picks, and why; "
+            "which one gives the kernel's evidence of escapes; and stale domains: procown-* cgroups "
+            "whose owner is gone (under TRIO_PROCOWN_CGROUP_ROOT if set, else the whole cgroup v2 tree)."
+        ),
+    )
+    doctor_parser.add_argument(
+        "--clean",
+        action="store_true",
+        help="end the processes of stale domains (SIGTERM, grace, SIGKILL) and remove their cgroups",
     )
     sub.add_parser(
         "demo",
@@ -254,7 +276,15 @@ class RunOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `procown` console script; returns the exit status."""
+    """Entry point of the `procown` console script; returns the exit status.
+
+    `procown timeout ...` may instead end the process by a signal, as GNU
+    timeout does (see _timeout.main)."""
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    if args_given[:1] == ["timeout"]:
+        from ._timeout import main as timeout_main
+
+        return timeout_main(args_given[1:], prog="procown timeout")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -262,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_PROCOWN
     try:
         if args.subcommand == "doctor":
-            return doctor()
+            return doctor(clean=args.clean)
         if args.subcommand == "demo":
             from ._demo import run_demo  # here: _demo builds on this module
 
@@ -320,19 +350,34 @@ def run_command(options: RunOptions) -> int:
     receipt_to = options.receipt
     if receipt_to is None and options.json:
         receipt_to = "-"
-    receipt_file: IO[str] | None = None
-    if receipt_to is not None and receipt_to != "-":
-        try:
-            receipt_file = open(receipt_to, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            msg = f"cannot write the receipt to {receipt_to!r}: {exc.strerror or exc}"
-            raise CliError(msg) from None
+    receipt_file = open_receipt(receipt_to)
     try:
         status, receipt = trio.run(_run, options, stdin)
     except BaseException:
         if receipt_file is not None:
             receipt_file.close()
         raise
+    finish_receipt(receipt_to, receipt_file, receipt, options.json)
+    return status
+
+
+def open_receipt(receipt_to: str | None) -> IO[str] | None:
+    """Open --receipt FILE before anything runs (CliError if it cannot be
+    written); None for no receipt or '-'."""
+    if receipt_to is None or receipt_to == "-":
+        return None
+    try:
+        return open(receipt_to, "w", encoding="utf-8")  # closed by finish_receipt
+    except OSError as exc:
+        msg = f"cannot write the receipt to {receipt_to!r}: {exc.strerror or exc}"
+        raise CliError(msg) from None
+
+
+def finish_receipt(
+    receipt_to: str | None, receipt_file: IO[str] | None, receipt: Receipt | None, as_json: bool
+) -> None:
+    """Write the receipt to its file (removed if nothing ran) or, for '-',
+    its summary (or JSON) on stderr."""
     if receipt_file is not None:
         with receipt_file:
             if receipt is not None:
@@ -341,9 +386,7 @@ def run_command(options: RunOptions) -> int:
         if receipt is None:  # nothing ran: leave no empty, non-JSON receipt
             os.unlink(receipt_file.name)
     elif receipt_to == "-" and receipt is not None:
-        text = json.dumps(receipt.to_dict(), indent=2) if options.json else receipt.summary()
-        _say(text)
-    return status
+        _say(json.dumps(receipt.to_dict(), indent=2) if as_json else receipt.summary())
 
 
 class Stopper:
@@ -371,6 +414,7 @@ class _Sink:
     def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
         self.forwarded = 0  # bytes of the command's stream passed on
+        self.broken = False  # our reader went away (EPIPE)
         self.fd: int | None = None
         if stream is None:
             return
@@ -397,15 +441,20 @@ class _Sink:
             self.stream.flush()
 
 
-async def _pump(chunks: AsyncIterator[bytes], sink: _Sink, stopper: Stopper) -> None:
+async def _pump(
+    run: OwnedCommand, name: Literal["stdout", "stderr"], chunks: ChunkStream, sink: _Sink
+) -> None:
     """Forward one stream of the command, chunk by chunk, as it arrives."""
     try:
         async for chunk in chunks:
             await trio.to_thread.run_sync(sink.write, chunk, abandon_on_cancel=True)
             sink.forwarded += len(chunk)
     except BrokenPipeError:
-        # Our reader went away: like SIGPIPE for a plain pipeline.
-        stopper.stop(signal.SIGPIPE)
+        # Our reader went away (`procown run -- yes | head -1`): stop at once,
+        # and let the command see the broken pipe as it would without us.
+        sink.broken = True
+        chunks.close()  # no longer holds the drain back
+        run.stop_reading(name)
 
 
 async def _run(options: RunOptions, stdin: int | None) -> tuple[int, Receipt | None]:
@@ -446,7 +495,7 @@ async def _run_and_forward(
                     ) as run:
                         for name in ("stdout", "stderr"):
                             chunks = run.stream(name, lossless=True)
-                            pumps.start_soon(_pump, chunks, sinks[name], stopper)
+                            pumps.start_soon(_pump, run, name, chunks, sinks[name])
                         await run.wait()
                 except FileNotFoundError as exc:
                     if run is not None:
@@ -482,13 +531,18 @@ async def _run_and_forward(
     if receipt.cause == "cancelled" or forwarding.cancel_called:
         signum = stopper.signum
         return (SIGNAL_BASE + signum if signum is not None else EXIT_PROCOWN), receipt
+    # Our own output pipe broke: we stopped reading that stream, the command
+    # saw the broken pipe, and procown ends as a writer to a broken pipe
+    # does in a shell pipeline, whatever the command did about it.
+    if receipt.cause == "exited" and any(sink.broken for sink in sinks.values()):
+        return SIGNAL_BASE + signal.SIGPIPE, receipt
     status = exit_status(receipt)
     # The pumps are lossless, so a gap means bytes the drain read but never
     # handed on (it was abandoned at teardown). Never let that pass for
-    # success.
+    # success. (A stream whose reader went away was left unread on purpose.)
     for record in receipt.streams:
         sink = sinks.get(record.name)
-        if sink is not None and sink.forwarded < record.captured:
+        if sink is not None and not sink.broken and sink.forwarded < record.captured:
             _say(
                 f"procown: error: {record.captured - sink.forwarded} byte(s) of the command's "
                 f"{record.name} were not passed on (the drain was abandoned at teardown); "
@@ -525,8 +579,10 @@ def exit_status(receipt: Receipt) -> int:
 # -- procown doctor ------------------------------------------------------------
 
 
-def doctor() -> int:
-    """`procown doctor`: which domains this machine offers and what auto picks."""
+def doctor(*, clean: bool = False) -> int:
+    """`procown doctor`: which domains this machine offers and what auto picks,
+    which gives kernel evidence of escapes, and stale domains (removed with
+    `clean`)."""
     options = available_domains()
     lines = ["ownership domains, strongest first:"]
     width = max(len(o.name) for o in options)
@@ -546,8 +602,37 @@ def doctor() -> int:
             lines.append(f"auto picks: {choice.name}, because {why}")
         else:
             lines.append(f"auto picks: {choice.name}, the strongest domain available here ({choice.reason})")
+    kernel = any(o.name == "cgroup" and o.available for o in options)
+    cgroup_evidence = "cgroup: the kernel's (no process leaves its cgroup without privilege)"
+    census_evidence = "the census's (a descendant that calls setsid() and clears its environment is not seen)"
+    evidence = cgroup_evidence if kernel else "no domain here has the kernel's"
+    lines.append(f"escape evidence: {evidence}; process-group: {census_evidence}")
+    stale_lines, cleaned = _stale_domains(clean)
+    lines.extend(stale_lines)
+    if not cleaned:
+        status = 1
     note = spawn_cost_note() if any(o.name == "cgroup" and o.available for o in options) else None
     if note:
         lines.append(f"note: {note}")
     print("\n".join(lines), flush=True)
     return status
+
+
+def _stale_domains(clean: bool) -> tuple[list[str], bool]:
+    """doctor's lines on stale domains, and False if some could not be removed."""
+    from . import _cgroup, _stale
+    from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
+
+    top = os.environ.get(_cgroup.ROOT_ENV) or _cgroup.cgroup2_mount()
+    if top is None:
+        return ["stale domains: none (no cgroup v2 hierarchy)"], True
+    found = _stale.find(top)
+    if not found:
+        return [f"stale domains: none under {top}"], True
+    if not clean:
+        head = f"stale domains: {len(found)} under {top} (their owner is gone); `procown doctor --clean` "
+        return [head + "ends and removes them:", *(f"  {s.describe()}" for s in found)], True
+    outcomes = _stale.clean(found, DEFAULT_GRACE, DEFAULT_KILL_WAIT)
+    lines = [f"stale domains: {len(found)} under {top} (their owner is gone); ending and removing them:"]
+    lines += [f"  {s.path}: {outcome}" for s, outcome in zip(found, outcomes, strict=True)]
+    return lines, all(outcome == "removed" for outcome in outcomes)

@@ -39,7 +39,15 @@ from ._census import EscapeePolicy
 from ._choice import DomainName
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
 from ._errors import HandoffError
-from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT, Budgets, Escalation, Event
+from ._escalation import (
+    DEFAULT_DRAIN_WAIT,
+    DEFAULT_GRACE,
+    DEFAULT_KILL_WAIT,
+    Budgets,
+    Escalation,
+    Event,
+    graceful_signals,
+)
 from ._receipt import Action, Cause, HandoffReceipt, Receipt
 from ._spawn import CAPTURE, DEVNULL, INHERIT, STDOUT, Command, Spawned, Target, check_budget, spawn
 from ._stdin import StdinSource
@@ -318,12 +326,29 @@ class OwnedCommand:
         return self._spawned.domain.contains(pid)
 
     # -- the owner interface --------------------------------------------------
-    def request_stop(self, cause: Cause) -> None:
+    def request_stop(self, cause: Cause, *, first_signal: int | None = None) -> None:
         """Ask for the bounded teardown with `cause`, without waiting (for
-        owners: a service owner, the block; most code calls terminate())."""
+        owners: a service owner, the block, a CLI relaying a signal it got;
+        most code calls terminate()). `first_signal` replaces the graceful
+        stage's signal for this teardown, if it has not started yet."""
+        if first_signal is not None and self.phase.value == "running":
+            self._teardown.machine.graceful = graceful_signals(first_signal)
         if self._stop_cause is None:
             self._stop_cause = cause
         self._life_scope.cancel()
+
+    def stop_reading(self, name: Literal["stdout", "stderr"]) -> None:
+        """Stop reading a captured stream now, because its consumer went
+        away: the read end is closed, so the command's next write sees a
+        broken pipe (EPIPE or SIGPIPE), as it would have without us. Bytes
+        read so far are kept; the receipt says the stream was closed by the
+        caller, not abandoned."""
+        drain = self._spawned.drains.get(name)
+        if drain is None:
+            msg = f"{name} is not captured for this command"
+            raise ValueError(msg)
+        drain.close_by_reader()
+        self._teardown.step(Action.DRAIN, name, f"{drain.capture.total} byte(s) read", "closed by the caller")
 
     @property
     def teardown_bound(self) -> float:
@@ -429,6 +454,7 @@ async def open_owned_command(
     max_output: int = DEFAULT_MAX_OUTPUT,
     subreaper: bool = False,
     first_signal: int = signal.SIGTERM,
+    keeper: bool = True,
 ) -> AsyncIterator[OwnedCommand]:
     """Run `command` owned by this block: every process it starts is torn
     down, with a bounded teardown, before control leaves the block.
@@ -453,6 +479,10 @@ async def open_owned_command(
     `first_signal`: the graceful stage's signal (default SIGTERM; SIGINT for
     tools that clean up on Ctrl-C, SIGHUP, ...; 0 sends nothing); SIGCONT
     always follows it.
+    `keeper`: tell this process's keeper of the command, so that it is
+    ended even if this process dies before its teardown (default); False, or
+    the environment variable ``TRIO_PROCOWN_NO_KEEPER=1``, opts out, and the
+    receipt says that no keeper was running.
 
     Synopsis::
 
@@ -477,6 +507,8 @@ async def open_owned_command(
         escapees=escapees,
         max_output=max_output,
         subreaper=subreaper,
+        keeper=keeper,
+        keeper_grace=grace,
     )
     name = tuple(argv) if not isinstance(command, str) else (command,)
     teardown = Teardown(spawned, machine, name, subreaper)
@@ -544,6 +576,7 @@ class OwnedOptions(TypedDict, total=False):
     max_output: int
     subreaper: bool
     first_signal: int
+    keeper: bool
 
 
 async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:

@@ -145,6 +145,12 @@ class Domain(abc.ABC):
         census need not read its members."""
         return -1
 
+    @property
+    def escape_evidence(self) -> str:
+        """How processes that left the domain are known (receipt field):
+        "census" unless the kernel keeps them in (see CgroupDomain)."""
+        return "census"
+
     def contains(self, pid: int) -> bool:
         """Is the process `pid` inside the domain right now? (read fresh)"""
         return any(m.pid == pid for m in self.members()) or (

@@ -136,6 +136,7 @@ class Drain:
         self.capture = Capture(limit)
         self.eof = False
         self.abandoned = False
+        self.closed_by_reader = False  # close_by_reader(): the consumer went away
         self.done = trio.Event()
         # Shielded: only abandon() (or pause(), for a handoff) ends the
         # reading task early, never an outer cancel.
@@ -206,6 +207,10 @@ class Drain:
                         size = READ_SIZE
                     append(data)
                     self._notify()
+                    # A fast writer keeps the pipe readable: yield anyway, so
+                    # the event loop (teardown deadlines, consumers) never
+                    # stalls behind this loop.
+                    await trio.lowlevel.checkpoint()
         finally:
             if self._pausing and not self.eof and not self.abandoned:
                 self._pausing = False
@@ -253,6 +258,14 @@ class Drain:
             return
         self.abandoned = True
         self._scope.cancel()
+
+    def close_by_reader(self) -> None:
+        """The consumer went away: stop reading and close the read end, so
+        the command's next write sees a broken pipe, as it would without us."""
+        if self.done.is_set():
+            return
+        self.closed_by_reader = True
+        self.abandon()
 
     def _close(self) -> None:
         if self.fd is not None:

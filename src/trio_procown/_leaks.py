@@ -56,8 +56,11 @@
 #
 # Spared processes. A caller may name processes found in a window that are
 # not its leaks (`spare`): the workers of a process pool owned by a broader
-# scope, which forked them lazily inside the window, and multiprocessing's
-# helpers of this process (forkserver, resource tracker), which end with it.
+# scope, which forked them lazily inside the window, and the helpers of this
+# process that end with it: multiprocessing's (forkserver, resource
+# tracker) and this library's keeper (started by the first owned command,
+# in whatever window that was). The pytest plugin retires the keeper before
+# its session window's check, so a keeper that does not exit is reported.
 # They are neither reported nor signalled; they leave the window's cgroup for
 # the enclosing one, so the enclosing window still sees them.
 
@@ -79,7 +82,7 @@ from typing import Any, Literal
 import psutil
 import trio
 
-from . import _cgroup, _pidfd, _procfs
+from . import _cgroup, _keeper, _pidfd, _procfs
 from ._errors import ProcessLeakError
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT, Budgets, Do, Escalation, Event
 from ._fates import Fates
@@ -397,8 +400,12 @@ def pool_workers(value: object, depth: int = 2) -> dict[int, str]:
 
 
 def runner_helpers() -> dict[int, str]:
-    """multiprocessing's helper processes of this process, which end with it."""
+    """multiprocessing's helper processes of this process, and this
+    library's keeper (_keeper.py): they end with it."""
     found = {}
+    keeper = _keeper.current_pid()
+    if keeper:
+        found[keeper] = "trio_procown's keeper of this process"
     server = sys.modules.get("multiprocessing.forkserver")
     pid = getattr(getattr(server, "_forkserver", None), "_forkserver_pid", None)
     if isinstance(pid, int):

@@ -17,7 +17,15 @@ from typing import Any, Literal
 # exit), in addition to the four causes of the contract.
 Cause = Literal["exited", "timed_out", "cancelled", "error", "stopped"]
 # "not captured": no stream was read by us (devnull, a file, an inherited fd).
-OutputState = Literal["complete", "truncated", "abandoned", "not captured"]
+# "closed": the caller stopped reading a stream (its own reader went away).
+OutputState = Literal["complete", "truncated", "abandoned", "closed", "not captured"]
+# What the keeper (_keeper.py), which ends the domain if this process dies
+# before its teardown, knew of the domain: "guarded" (told at the spawn, and
+# still there when it was released), "replaced" (that keeper died meanwhile;
+# a new one was told of the domain), "lost" (it died and no other knew of the
+# domain at its release), "opted out", "unavailable" (none could be started
+# or told), "unknown" (a receipt not written by a teardown).
+KeeperState = Literal["guarded", "replaced", "lost", "opted out", "unavailable", "unknown"]
 
 
 class Action(enum.Enum):
@@ -112,7 +120,7 @@ class StreamRecord:
     """
 
     name: str
-    state: Literal["eof", "abandoned", "not captured"]
+    state: Literal["eof", "abandoned", "closed", "not captured"]
     captured: int  # bytes read from the pipe
     kept: int  # bytes retained in memory
     dropped: int  # bytes read but dropped by the size limit
@@ -161,6 +169,10 @@ class Receipt:
     escapee_policy: str = "terminate"
     census_scanned: bool = True  # False when some environments could not be read
     census_unreadable: int = 0  # processes whose environment the census could not read
+    # How processes that left the domain are known: "kernel" (a cgroup: none
+    # can leave it without privilege), "census" (the environment cookie only).
+    escape_evidence: str = "census"
+    keeper: KeeperState = "unknown"
     duration: float = 0.0
     extras: Mapping[str, Any] = field(default_factory=dict)
 
@@ -252,6 +264,17 @@ class Receipt:
                 + (_name_processes(self.still_seen) or "members were still listed")
                 + "."
             )
+        if self.escape_evidence == "census":
+            out.append(
+                f"Processes that left the {self.domain} domain are seen only by the census, through "
+                "the environment cookie they inherit: a descendant that called setsid() and cleared its "
+                "environment is invisible to it and could still be running."
+            )
+        elif self.escape_evidence != "kernel":
+            out.append(
+                f"Processes that left the {self.domain} domain are known by {self.escape_evidence}, "
+                "not by the kernel: one it cannot see could still be running."
+            )
         if self.unreaped:
             out.append(
                 f"{len(self.unreaped)} terminated member(s) were left as zombies for their "
@@ -267,6 +290,9 @@ class Receipt:
                 out.append(f"The domain was NOT fully released: {release.detail}.")
             else:
                 out.append(f"The domain was released: {release.detail}.")
+        keeper = _keeper_claim(self.keeper, str(self.extras.get("keeper_note", "")))
+        if keeper:
+            out.append(keeper)
 
         if self.census:
             how = (
@@ -298,7 +324,12 @@ class Receipt:
                 where = f" ({stream.target})" if stream.target else ""
                 out.append(f"{stream.name}: not captured{where}; nothing about it is claimed.")
                 continue
-            if stream.state == "abandoned":
+            if stream.state == "closed":
+                out.append(
+                    f"{stream.name}: reading was stopped by the caller (its reader went away) after "
+                    f"{stream.captured} byte(s); later output was not read."
+                )
+            elif stream.state == "abandoned":
                 out.append(
                     f"{stream.name}: the drain was abandoned after its bound with "
                     f"{stream.captured} byte(s) read; output may be missing."
@@ -333,6 +364,8 @@ class Receipt:
             "escapee_policy": self.escapee_policy,
             "census_scanned": self.census_scanned,
             "census_unreadable": self.census_unreadable,
+            "escape_evidence": self.escape_evidence,
+            "keeper": self.keeper,
             "streams": [s.to_dict() for s in self.streams],
             "steps": [s.to_dict() for s in self.steps],
             "command": list(self.command),
@@ -350,6 +383,27 @@ class Receipt:
             f"escaped={len(self.escaped)} duration={self.duration:.3f}s"
         )
         return "\n".join([head, *("  - " + c for c in self.claims())])
+
+
+def _keeper_claim(state: KeeperState, note: str) -> str:
+    """The sentence on the keeper, "" when there is nothing to say (guarded, unknown)."""
+    unguarded = "had this process been killed before its teardown, nothing would have ended the domain."
+    why = f" ({note})" if note else ""
+    if state == "opted out":
+        return f"No keeper was running for this command (opted out{': ' + note if note else ''}): {unguarded}"
+    if state == "unavailable":
+        return f"No keeper was running for this command{why}: {unguarded}"
+    if state == "lost":
+        return (
+            f"The keeper told of this domain at its spawn was gone before the domain was released{why}: "
+            f"from then on, {unguarded}"
+        )
+    if state == "replaced":
+        return (
+            "The keeper told of this domain at its spawn died while the command ran; a new keeper was told "
+            f"of the domain at a later spawn or release of this process{why}. In between, {unguarded}"
+        )
+    return ""
 
 
 def _describe_status(returncode: int | None) -> str:

@@ -21,7 +21,7 @@ from typing import TypeAlias
 
 import trio
 
-from . import _procfs
+from . import _keeper, _procfs
 from ._census import COOKIE_VAR, Census, EscapeePolicy
 from ._choice import DomainName, make_domain
 from ._domain import Domain
@@ -107,6 +107,7 @@ class Spawned:
     drains: dict[str, Drain] = field(default_factory=dict)
     feeder: Feeder | None = None
     targets: dict[str, str] = field(default_factory=dict)  # where each uncaptured stream goes
+    guard: _keeper.Guard = field(default_factory=lambda: _keeper.Guard(0, "unknown"))  # what the keeper knows
 
 
 def spawn(
@@ -121,6 +122,8 @@ def spawn(
     escapees: EscapeePolicy,
     max_output: int,
     subreaper: bool,
+    keeper: bool = True,
+    keeper_grace: float = 2.0,
 ) -> tuple[list[str], Spawned]:
     """Spawn `command` into a new domain; return its argv and what was made.
     Raises before anything is left running."""
@@ -177,7 +180,12 @@ def spawn(
     finally:
         for fd in child_fds:
             os.close(fd)
-    return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets)
+    # The keeper ends the domain if this process dies before its teardown:
+    # one write to its pipe (started at the first command, see _keeper.py).
+    cgroup = getattr(own_domain, "path", "")
+    told = _keeper.Entry(keeper_grace, leader.pid, leader.start, census.token, cgroup)
+    guard = _keeper.opened(told, keeper)
+    return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets, guard)
 
 
 def _open_target(target: str | os.PathLike[str]) -> int:

@@ -339,6 +339,7 @@ class Teardown:
         if released:
             outcome = "not removed" if "NOT removed" in released else "removed"
             self.step(Action.RELEASE, "domain", released, outcome)
+        keeper, keeper_note = self.spawned.guard.close()  # released: the keeper may forget it
         streams, output = self._output_record()
         still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live]
         if leader_alive:
@@ -348,6 +349,8 @@ class Teardown:
         extras: dict[str, Any] = {}
         if reaped_orphans:
             extras["reaped_orphans"] = reaped_orphans
+        if keeper_note and keeper != "guarded":
+            extras["keeper_note"] = keeper_note
         self.receipt = Receipt(
             cause=machine.cause or "error",
             returncode=leader.returncode,
@@ -368,6 +371,8 @@ class Teardown:
             escapee_policy=census.policy,
             census_scanned=not census.unreadable,
             census_unreadable=len(census.unreadable),
+            escape_evidence=domain.escape_evidence,
+            keeper=keeper,
             duration=self._lived(),
             extras=extras,
         )
@@ -385,13 +390,17 @@ class Teardown:
                 continue
             cap = drain.capture
             truncated |= cap.dropped > 0
-            state: Literal["eof", "abandoned"] = "eof" if drain.eof else "abandoned"
+            state: Literal["eof", "abandoned", "closed"] = (
+                "eof" if drain.eof else "closed" if drain.closed_by_reader else "abandoned"
+            )
             streams.append(StreamRecord(name, state, cap.total, cap.kept, cap.dropped, "capture"))
         output: OutputState
         if not self._drains:
             output = "not captured"
-        elif self.machine.output == "abandoned" or any(d.abandoned for d in self._drains.values()):
+        elif any(d.abandoned and not d.closed_by_reader and not d.eof for d in self._drains.values()):
             output = "abandoned"
+        elif any(d.closed_by_reader and not d.eof for d in self._drains.values()):
+            output = "closed"
         else:
             output = "truncated" if truncated else "complete"
         return tuple(streams), output
@@ -413,6 +422,7 @@ class Teardown:
                 self.step(Action.RELEASE, "domain", released)
         except Exception as error:
             self.step(Action.ERROR, "domain", f"release: {type(error).__name__}: {error}", "failed")
+        keeper, keeper_note = self.spawned.guard.close()
         returncode = leader.returncode
         self.receipt = Receipt(
             cause=self.machine.cause or "error",
@@ -425,5 +435,8 @@ class Teardown:
             command=self.command,
             pid=self._leader.pid,
             domain_id=self._domain.ident,
+            escape_evidence=self._domain.escape_evidence,
+            keeper=keeper,
             duration=self._lived(),
+            extras={"keeper_note": keeper_note} if keeper_note and keeper != "guarded" else {},
         )

@@ -23,6 +23,8 @@
 # broader fixtures, collection, hooks and spared pools leave behind, and
 # fails the run in fail mode. Under pytest-xdist the controller holds the
 # session window (workers inherit its cookie and cgroup), workers the tests'.
+# The library's keeper (_keeper.py) is spared by every window; at the end of
+# the session it is told goodbye before the check, so it is checked too.
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from typing import Any, Literal, Protocol, cast
 
 import pytest
 
+from . import _keeper
 from ._background import OwnedCommands as OwnedCommands
 from ._errors import ProcessLeakError as ProcessLeakError
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
@@ -256,6 +259,9 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     watch, state.session = state.session, None
     mode, keep = state.settings()
     watch.close()
+    # The library's keeper is spared by every window; the run is over, so
+    # it is told goodbye: one that does not exit is this check's to report.
+    _keeper.retire()
     kept = [pid for pid, start in state.reported.items() if is_running(pid, start)]
     leaks = watch.sweep(keep, exclude=lambda pid, start: state.reported.get(pid) == start, spare=state.spare)
     leaks = [leak.credited(state.spared.get((leak.pid, leak.start_key))) for leak in leaks]
