@@ -199,3 +199,28 @@ def test_steps_carry_their_signals_in_json() -> None:
     """A signal step's signals are a field of the step and of its JSON form."""
     assert KILL.to_dict()["signals"] == ["SIGKILL"]
     assert receipt(KILL).to_dict()["steps"][0]["signals"] == ["SIGKILL"]
+
+
+@pytest.mark.parametrize(
+    ("states", "dropped", "expected"),
+    [
+        (("eof", "eof"), 0, "complete"),
+        (("eof", "eof"), 5, "truncated"),
+        (("eof", "abandoned"), 0, "abandoned"),
+        (("closed", "abandoned"), 0, "abandoned"),
+        (("closed", "eof"), 5, "closed"),
+        (("not captured", "not captured"), 0, "not captured"),
+        (("eof", "not captured"), 0, "complete"),
+    ],
+)
+def test_output_state_is_derived_from_the_streams(
+    states: tuple[str, str], dropped: int, expected: str
+) -> None:
+    """output_of(): complete only with EOF on every captured stream; abandoned beats closed; drops truncate."""
+    from trio_procown._receipt import output_of
+
+    streams = [
+        StreamRecord(name, state, 10, 10 - dropped, dropped)
+        for name, state in zip(("stdout", "stderr"), states, strict=True)
+    ]  # type: ignore[arg-type]
+    assert output_of(streams) == expected

@@ -138,6 +138,20 @@ class StreamRecord:
         }
 
 
+def output_of(streams: list[StreamRecord] | tuple[StreamRecord, ...]) -> OutputState:
+    """The receipt's output state, from its streams' records alone: complete
+    only with EOF on every captured stream; a drain given up after its bound
+    outranks a stream the caller closed; dropped bytes make it truncated."""
+    captured = [s for s in streams if s.state != "not captured"]
+    if not captured:
+        return "not captured"
+    if any(s.state == "abandoned" for s in captured):
+        return "abandoned"
+    if any(s.state == "closed" for s in captured):
+        return "closed"
+    return "truncated" if any(s.dropped for s in captured) else "complete"
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What the teardown of one owned command proved.

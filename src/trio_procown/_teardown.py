@@ -38,7 +38,7 @@ from ._domain import Sent, describe_error
 from ._escalation import Do, Escalation, Event
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
-from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord
+from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord, output_of
 from ._spawn import Spawned
 
 # Scheduling slack added to the teardown's deadline on top of its budgets:
@@ -380,7 +380,6 @@ class Teardown:
     def _output_record(self) -> tuple[tuple[StreamRecord, ...], OutputState]:
         """Each stream's record, and the output state they add up to."""
         streams = []
-        truncated = False
         for name in ("stdout", "stderr"):
             drain = self._drains.get(name)
             if drain is None:
@@ -389,20 +388,11 @@ class Teardown:
                     streams.append(StreamRecord(name, "not captured", 0, 0, 0, target))
                 continue
             cap = drain.capture
-            truncated |= cap.dropped > 0
             state: Literal["eof", "abandoned", "closed"] = (
                 "eof" if drain.eof else "closed" if drain.closed_by_reader else "abandoned"
             )
             streams.append(StreamRecord(name, state, cap.total, cap.kept, cap.dropped, "capture"))
-        output: OutputState
-        if not self._drains:
-            output = "not captured"
-        elif any(d.abandoned and not d.closed_by_reader and not d.eof for d in self._drains.values()):
-            output = "abandoned"
-        elif any(d.closed_by_reader and not d.eof for d in self._drains.values()):
-            output = "closed"
-        else:
-            output = "truncated" if truncated else "complete"
+        output = output_of(streams)
         return tuple(streams), output
 
     def _emergency_receipt(self, exc: BaseException) -> None:
