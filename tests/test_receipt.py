@@ -216,7 +216,7 @@ def test_steps_carry_their_signals_in_json() -> None:
 def test_output_state_is_derived_from_the_streams(
     states: tuple[str, str], dropped: int, expected: str
 ) -> None:
-    """output_of(): complete only with EOF on every captured stream; abandoned beats closed; drops truncate."""
+    """output_of(): complete only with EOF on every captured stream; abandoned beats closed; drops truncate"""
     from trio_procown._receipt import output_of
 
     streams = [
