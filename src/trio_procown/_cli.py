@@ -57,14 +57,13 @@ import argparse
 import dataclasses
 import errno
 import io
-import json
 import math
 import os
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Sequence
-from typing import IO, Any, Literal, NoReturn, TextIO
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import IO, Any, Literal, NoReturn, TextIO, TypeVar
 
 import trio
 
@@ -347,18 +346,26 @@ def run_command(options: RunOptions) -> int:
     if options.cwd is not None and not os.path.isdir(options.cwd):
         msg = f"--cwd {options.cwd!r} is not a directory"
         raise CliError(msg)
-    receipt_to = options.receipt
-    if receipt_to is None and options.json:
+    return with_receipt(options.receipt, options.json, lambda: trio.run(_run, options, stdin))
+
+
+_T = TypeVar("_T")
+
+
+def with_receipt(receipt_to: str | None, as_json: bool, body: Callable[[], tuple[_T, Receipt | None]]) -> _T:
+    """Open --receipt FILE (or stdout for --json) before `body` runs anything,
+    run it, then write the receipt it returned; return its result."""
+    if receipt_to is None and as_json:
         receipt_to = "-"
     receipt_file = open_receipt(receipt_to)
     try:
-        status, receipt = trio.run(_run, options, stdin)
+        result, receipt = body()
     except BaseException:
         if receipt_file is not None:
             receipt_file.close()
         raise
-    finish_receipt(receipt_to, receipt_file, receipt, options.json)
-    return status
+    finish_receipt(receipt_to, receipt_file, receipt, as_json)
+    return result
 
 
 def open_receipt(receipt_to: str | None) -> IO[str] | None:
@@ -378,6 +385,10 @@ def finish_receipt(
 ) -> None:
     """Write the receipt to its file (removed if nothing ran) or, for '-',
     its summary (or JSON) on stderr."""
+    if receipt_file is None and (receipt_to != "-" or receipt is None):
+        return  # no receipt asked for: json is never imported (start-up cost)
+    import json
+
     if receipt_file is not None:
         with receipt_file:
             if receipt is not None:

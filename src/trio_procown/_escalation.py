@@ -139,6 +139,24 @@ _TRANSITIONS: dict[tuple[State, Event], tuple[State, Do]] = {
 }
 
 
+# What the driver does on entering each state, and which budget bounds the
+# states that wait.
+_ACTION_OF: dict[State, Do] = {
+    State.RUNNING: Do.WAIT_FOR_EXIT_OR_STOP,
+    State.CHECKING: Do.CHECK_DOMAIN,
+    State.TERMINATING: Do.SIGNAL_GRACEFUL,
+    State.KILLING: Do.SIGNAL_FORCE,
+    State.DRAINING: Do.WAIT_DRAIN,
+    State.REAPING: Do.REAP,
+    State.DONE: Do.NOTHING,
+}
+_BUDGET_OF: dict[State, str] = {
+    State.TERMINATING: "grace",
+    State.KILLING: "kill_wait",
+    State.DRAINING: "drain_wait",
+}
+
+
 class Escalation:
     """The pure teardown state machine of one owned command.
 
@@ -171,23 +189,13 @@ class Escalation:
 
     @property
     def next_action(self) -> Do:
-        return {
-            State.RUNNING: Do.WAIT_FOR_EXIT_OR_STOP,
-            State.CHECKING: Do.CHECK_DOMAIN,
-            State.TERMINATING: Do.SIGNAL_GRACEFUL,
-            State.KILLING: Do.SIGNAL_FORCE,
-            State.DRAINING: Do.WAIT_DRAIN,
-            State.REAPING: Do.REAP,
-            State.DONE: Do.NOTHING,
-        }[self.state]
+        return _ACTION_OF[self.state]
 
     def budget(self) -> float:
-        """How long the current state may wait."""
-        return {
-            State.TERMINATING: self.budgets.grace,
-            State.KILLING: self.budgets.kill_wait,
-            State.DRAINING: self.budgets.drain_wait,
-        }.get(self.state, 0.0)
+        """How long the current state may wait (its budget's field name is
+        in _BUDGET_OF; states that do not wait have none)."""
+        field = _BUDGET_OF.get(self.state)
+        return 0.0 if field is None else float(getattr(self.budgets, field))
 
     def handle(self, event: Event, *, cause: Cause | None = None) -> Do:
         """Apply `event`; return the action the driver must perform next."""

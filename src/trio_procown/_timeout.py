@@ -49,7 +49,6 @@ import signal
 import sys
 import unicodedata
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import IO
 
 import trio
 
@@ -650,19 +649,10 @@ def _usage(prog: str, message: str) -> int:
 def run_timeout(options: TimeoutOptions) -> Ending:
     """Run the command owned, with GNU timeout's semantics; write the
     receipt; return how procown should end (not ending it)."""
-    from ._cli import finish_receipt, open_receipt
+    from ._cli import with_receipt
 
     streams = _Streams.inherited()  # first: before anything takes a closed fd's number
-    receipt_to = options.receipt if options.receipt is not None else ("-" if options.json else None)
-    receipt_file: IO[str] | None = open_receipt(receipt_to)
-    try:
-        result, receipt = trio.run(_run, options, streams)
-    except BaseException:
-        if receipt_file is not None:
-            receipt_file.close()
-        raise
-    finish_receipt(receipt_to, receipt_file, receipt, options.json)
-    return result
+    return with_receipt(options.receipt, options.json, lambda: trio.run(_run, options, streams))
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "procown-timeout") -> int:
