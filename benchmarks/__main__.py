@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import deadline, drain, force, keeper, peers, scaling, spawn
+from . import deadline, drain, force, keeper, peers, scaling, spawn, startup
 from ._harness import (
     Config,
     Section,
@@ -46,6 +46,7 @@ SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
     "scaling": scaling.run,
     "peers": peers.run,
     "keeper": keeper.run,
+    "startup": startup.run,
 }
 
 

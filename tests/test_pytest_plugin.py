@@ -631,3 +631,17 @@ def test_pid_mark_is_keyword_only() -> None:
         _procfs.PidMark(1, 2, 3)  # type: ignore[call-arg]
     mark = _procfs.PidMark(last_pid=1, forks=2, tasks=3)
     assert (mark.last_pid, mark.forks, mark.tasks) == (1, 2, 3)
+
+
+def test_plugin_imports_no_leak_machinery_until_used() -> None:
+    """Every pytest run imports the plugin (entry point): with leaks off it
+    must not pull in trio, psutil or _leaks; its lazy names still resolve."""
+    code = (
+        "import sys, trio_procown.pytest_plugin as p\n"
+        "heavy = ('trio', 'psutil', 'trio_procown._leaks', 'trio_procown._command')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert p.NoLeaks.__name__ == 'NoLeaks' and p.OwnedCommands.__name__ == 'OwnedCommands'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert pytest_plugin._MECHANISMS == _leaks.MECHANISMS

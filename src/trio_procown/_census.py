@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import signal
 from collections.abc import Mapping
 from typing import Literal
@@ -52,7 +51,7 @@ class Census:
             msg = f"escapees must be 'terminate' or 'report', not {policy!r}"
             raise ValueError(msg)
         self.policy = policy
-        self.token = secrets.token_hex(12)
+        self.token = os.urandom(12).hex()  # secrets.token_hex, without its import
         # The chain the command's environment carries: the owners' above us
         # first, ours last.
         self.value = f"{inherited}:{self.token}" if inherited else self.token

@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import secrets
 import signal
 import subprocess
 from collections.abc import Callable, Collection, Sequence
@@ -42,7 +41,7 @@ from . import _inotify, _pidfd, _procfs, _stale
 from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names
 from ._errors import DomainUnavailable
 from ._leader import Leader
-from ._placement import shim_argv
+from ._placement import run_quietly, shim_argv
 from ._procfs import ProcessTable, ProcInfo
 
 ROOT_ENV = "TRIO_PROCOWN_CGROUP_ROOT"
@@ -121,7 +120,7 @@ def _probe(root: str) -> str | None:
         return f"{root} is not a cgroup v2 directory (no cgroup.procs)"
     if not os.access(root, os.W_OK):
         return f"no write permission on {root}"
-    probe = os.path.join(root, f"procown-probe-{os.getpid()}-{secrets.token_hex(4)}")
+    probe = os.path.join(root, f"procown-probe-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         os.mkdir(probe)
     except OSError as exc:
@@ -131,17 +130,10 @@ def _probe(root: str) -> str | None:
             return f"{root} has no cgroup.events (not cgroup v2)"
         # Prove that a process can enter it: run the real shim once.
         try:
-            done = subprocess.run(
-                shim_argv(os.path.join(probe, "cgroup.procs"), ["/bin/true"]),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=5,
-                check=False,
-            )
+            returncode = run_quietly(shim_argv(os.path.join(probe, "cgroup.procs"), ["/bin/true"]), 5)
         except (OSError, subprocess.SubprocessError) as exc:
             return f"cannot run the cgroup shim: {exc}"
-        if done.returncode != 0:
+        if returncode != 0:
             return f"a process cannot be moved into a child cgroup of {root}"
         return None
     finally:

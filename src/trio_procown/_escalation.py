@@ -35,9 +35,10 @@ from __future__ import annotations
 import enum
 import signal
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ._receipt import Cause, OutputState
+if TYPE_CHECKING:  # annotations only: the pytest plugin imports this module at start-up
+    from ._receipt import Cause, OutputState
 
 EscapeePolicy = Literal["terminate", "report"]
 

@@ -62,14 +62,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import platform
+import select
 import shutil
 import stat
 import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
-from importlib import resources
 from typing import NamedTuple
 
 SH_SHIM_ENV = "TRIO_PROCOWN_SH_SHIM"
@@ -165,23 +163,51 @@ def _fd_path(fd: int) -> str:
     return f"/proc/{os.getpid()}/fd/{fd}"
 
 
+def run_quietly(argv: Sequence[str], timeout: float, *, new_session: bool = False) -> int:
+    """Run `argv` with no stdio and return its exit status; after `timeout`
+    kill it and raise subprocess.TimeoutExpired (as subprocess.run does).
+
+    The wait is on a pidfd where there is one: subprocess.run(timeout=...)
+    polls with sleeps (0.5 ms, doubling), which made each start-up probe
+    cost several ms more than the process it ran.
+    """
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        start_new_session=new_session,
+    ) as proc:
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is None:
+            try:
+                return proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+        if not ready:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(list(argv), timeout)
+        return proc.wait()
+
+
 def _shim_works(path: str) -> bool:
     """Run a shim once: it must exec a program (it is not asked to move
     anywhere: /dev/null stands in for cgroup.procs)."""
     try:
-        done = subprocess.run(
-            [path, os.devnull, "/bin/sh", "-c", "exit 7"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-            start_new_session=True,
-            timeout=10,
-            check=False,
-        )
+        return run_quietly([path, os.devnull, "/bin/sh", "-c", "exit 7"], 10, new_session=True) == 7
     except (OSError, subprocess.SubprocessError):
         return False
-    return done.returncode == 7
 
 
 def _fd_works(fd: int) -> bool:
@@ -195,13 +221,25 @@ def _fd_works(fd: int) -> bool:
 
 
 def _sources() -> dict[str, bytes]:
-    package = resources.files("trio_procown") / "_shim"
-    return {name: (package / name).read_bytes() for name, _ in _SHIM_BUILDS}
+    # Read beside this file (no importlib.resources import on every run's
+    # path); a package that is not plain files falls back to resources.
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
+    try:
+        sources = {}
+        for name, _ in _SHIM_BUILDS:
+            with open(os.path.join(here, name), "rb") as f:
+                sources[name] = f.read()
+        return sources
+    except OSError:
+        from importlib import resources
+
+        package = resources.files("trio_procown") / "_shim"
+        return {name: (package / name).read_bytes() for name, _ in _SHIM_BUILDS}
 
 
 def _cache_name(sources: dict[str, bytes]) -> str:
     digest = hashlib.sha256(b"".join(sources[n] for n in sorted(sources))).hexdigest()[:16]
-    return f"cgroup_shim-{digest}-{platform.machine()}"
+    return f"cgroup_shim-{digest}-{os.uname().machine}"  # = platform.machine() on POSIX
 
 
 def _build_in(tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes]) -> int | None:
@@ -283,6 +321,8 @@ def _from_cache(cache: str, name: str, cc: str | None, sources: dict[str, bytes]
             os.close(fd)
     if cc is None:
         return None
+    import tempfile  # the compile path only
+
     tmp = tempfile.mkdtemp(prefix="build-", dir=cache)
     try:
         fd = _build_pinned(tmp, cc, sources)
@@ -309,6 +349,8 @@ def _open_shim() -> int | None:
     if fd is not None or cc is None:
         return fd
     # The cache cannot be trusted: a private build, once per process.
+    import tempfile
+
     try:
         tmp = tempfile.mkdtemp(prefix="trio_procown-")
     except OSError:

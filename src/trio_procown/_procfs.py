@@ -43,8 +43,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import psutil
 import trio
+
+# psutil is imported where it is used: only off Linux.
 
 IS_LINUX = sys.platform.startswith("linux")
 
@@ -197,6 +198,8 @@ def process_info(pid: int) -> ProcInfo | None:
     """
     if IS_LINUX:
         return read_stat(pid)
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
@@ -223,6 +226,8 @@ def cmdline(pid: int) -> str:
             return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
         info = read_stat(pid)
         return f"[{pid}]" if info is None else ""
+    import psutil
+
     try:
         return " ".join(psutil.Process(pid).cmdline())
     except (psutil.Error, OSError):
@@ -247,6 +252,8 @@ def _snapshot(ranges: list[tuple[int, int]] | None) -> list[ProcInfo]:
 
 
 def _psutil_rows() -> list[ProcInfo]:
+    import psutil
+
     rows = []
     for proc in psutil.process_iter(["pid", "ppid", "status"]):
         try:
@@ -370,6 +377,8 @@ def environ_entry(pid: int, key: bytes, unreadable: set[int] | None = None) -> b
     ends with "="), or None. A pid whose environment we may not read is
     added to `unreadable`."""
     if not IS_LINUX:
+        import psutil
+
         name = key[:-1].decode()
         try:
             value = psutil.Process(pid).environ().get(name)

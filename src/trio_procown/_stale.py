@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from dataclasses import dataclass
 
 from . import _keeper
@@ -55,7 +54,7 @@ def cgroup_name(n: int) -> str:
     """The name of this process's `n`-th command cgroup (module comment)."""
     start = _keeper.process_start(os.getpid())
     suffix = f"-s{start}" if start else ""
-    return f"procown-{os.getpid()}-{n}-{secrets.token_hex(3)}{suffix}"
+    return f"procown-{os.getpid()}-{n}-{os.urandom(3).hex()}{suffix}"
 
 
 def parse(name: str) -> tuple[str, int, int] | None:

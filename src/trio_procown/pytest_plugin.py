@@ -33,28 +33,58 @@ import json
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import pytest
 
 from . import _keeper
-from ._background import OwnedCommands as OwnedCommands
 from ._errors import ProcessLeakError as ProcessLeakError
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
-from ._leaks import COOKIE_ENV as COOKIE_ENV
-from ._leaks import (
-    MECHANISMS,
-    LeakedProcess,
-    Mechanism,
-    Tracker,
-    Watch,
-    format_leaks,
-    is_running,
-    pool_workers,
-    runner_helpers,
+
+# This module is imported by every pytest run (the pytest11 entry point),
+# most of them with the plugin off: the leak machinery (_leaks, psutil) and
+# the owned commands (trio) are imported when first needed, not here.
+if TYPE_CHECKING:
+    from ._background import OwnedCommands as OwnedCommands
+    from ._leaks import COOKIE_ENV as COOKIE_ENV
+    from ._leaks import LeakedProcess as LeakedProcess
+    from ._leaks import Mechanism as Mechanism
+    from ._leaks import NoLeaks as NoLeaks
+    from ._leaks import Tracker as Tracker
+    from ._leaks import Watch as Watch
+    from ._leaks import no_leaks as no_leaks
+
+_MECHANISMS = ("auto", "cgroup", "cookie")  # _leaks.MECHANISMS (test_pytest_plugin checks they agree)
+# Names this module offers without importing them up front (PEP 562).
+_FROM_LEAKS = frozenset(
+    {
+        "COOKIE_ENV",
+        "MECHANISMS",
+        "LeakedProcess",
+        "Mechanism",
+        "NoLeaks",
+        "Tracker",
+        "Watch",
+        "format_leaks",
+        "is_running",
+        "no_leaks",
+        "pool_workers",
+        "runner_helpers",
+    }
 )
-from ._leaks import NoLeaks as NoLeaks
-from ._leaks import no_leaks as no_leaks
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OwnedCommands":
+        from . import _background
+
+        return _background.OwnedCommands
+    if name in _FROM_LEAKS:
+        from . import _leaks
+
+        return getattr(_leaks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "COOKIE_ENV",
@@ -92,11 +122,10 @@ class _State:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.tracker = Tracker(
-            _mechanism(config),
-            _seconds(config, "procown_leaks_grace"),
-            _seconds(config, "procown_leaks_kill_wait"),
-        )
+        self.mechanism = _mechanism(config)
+        self.grace = _seconds(config, "procown_leaks_grace")
+        self.kill_wait = _seconds(config, "procown_leaks_kill_wait")
+        self._tracker: Tracker | None = None
         self.session: Watch | None = None
         self.current: _TestWatch | None = None
         self.reported: dict[int, int] = {}  # pid -> start: leaks already reported (kept)
@@ -104,6 +133,20 @@ class _State:
         self.broader: dict[int, pytest.FixtureDef[Any]] = {}  # fixtures broader than a test
         self.released: dict[int, str] = {}  # pool workers of broader fixtures torn down in this test
         self._settings: tuple[Mode, bool] | None = None
+
+    @property
+    def tracking(self) -> bool:
+        """Whether the leak machinery has been used in this run."""
+        return self._tracker is not None
+
+    @property
+    def tracker(self) -> Tracker:
+        """The leak tracker, made (and _leaks imported) on first use."""
+        if self._tracker is None:
+            from ._leaks import Tracker
+
+            self._tracker = Tracker(self.mechanism, self.grace, self.kill_wait)
+        return self._tracker
 
     def settings(self) -> tuple[Mode, bool]:
         """The run-wide mode and keep flag (command line, else ini); read
@@ -128,6 +171,8 @@ class _State:
     def spare(self) -> dict[int, str]:
         """Processes a test's window must not blame on the test: pid -> what
         they are (see the module comment)."""
+        from ._leaks import runner_helpers
+
         owned = runner_helpers() | self.released
         for fixturedef in list(self.broader.values()):
             owned |= _pools_held(fixturedef)
@@ -142,13 +187,15 @@ def _pools_held(fixturedef: pytest.FixtureDef[Any]) -> dict[int, str]:
     """Workers of the process pools a fixture's value holds: pid -> what they are."""
     if fixturedef.cached_result is None:
         return {}
+    from ._leaks import pool_workers
+
     held = pool_workers(fixturedef.cached_result[0])
     return {pid: f"{what} held by {_scope_label(fixturedef)}" for pid, what in held.items()}
 
 
 _STATE = pytest.StashKey[_State]()
 _WATCH = pytest.StashKey[_TestWatch]()
-_COMMANDS = pytest.StashKey[OwnedCommands]()
+_COMMANDS = pytest.StashKey["OwnedCommands"]()
 _RECEIPTS_SHOWN = pytest.StashKey[bool]()
 
 
@@ -170,7 +217,7 @@ def _mode(value: object, where: str) -> Mode:
 
 def _mechanism(config: pytest.Config) -> Mechanism:
     value = config.getoption("procown_leaks_mechanism", None) or _ini(config, "procown_leaks_mechanism")
-    return cast(Mechanism, _one_of(value, "procown_leaks_mechanism", MECHANISMS))
+    return cast("Mechanism", _one_of(value, "procown_leaks_mechanism", _MECHANISMS))
 
 
 def _seconds(config: pytest.Config, name: str) -> float:
@@ -203,7 +250,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--procown-leaks-mechanism",
         dest="procown_leaks_mechanism",
-        choices=MECHANISMS,
+        choices=_MECHANISMS,
         help="auto: a cgroup per test where possible, plus the cookie; cgroup: require it; cookie: never",
     )
     parser.addini("procown_leaks", "process leak check: fail, warn or off (default off)", default="off")
@@ -221,7 +268,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     state = _State(config)
     config.stash[_STATE] = state
-    if state.tracker.mechanism == "cgroup" and state.tracker.cgroup_base() is None:
+    if state.mechanism == "cgroup" and state.tracker.cgroup_base() is None:
         msg = f"--procown-leaks-mechanism=cgroup, but {state.tracker.cgroup_note}"
         raise pytest.UsageError(msg)
 
@@ -233,6 +280,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     mode, _ = state.settings()
     if mode != "off" and not hasattr(session.config, "workerinput"):  # not an xdist worker
+        from ._leaks import Watch
+
         state.session = Watch(state.tracker, "the test session (outside any test)", "session")
         state.session.open("session")
 
@@ -256,6 +305,8 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     state = session.config.stash.get(_STATE, None)
     if state is None or state.session is None:
         return result
+    from ._leaks import format_leaks, is_running
+
     watch, state.session = state.session, None
     mode, keep = state.settings()
     watch.close()
@@ -316,6 +367,8 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
         except pytest.UsageError as exc:
             mode, keep, error = "off", False, exc
         if mode != "off":
+            from ._leaks import Watch
+
             test = _TestWatch(Watch(state.tracker, item.nodeid, "test"), mode, keep)
             item.stash[_WATCH] = test
             state.current = test
@@ -358,6 +411,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     if leaks:
         if test.keep:
             state.reported.update((leak.pid, leak.start_key) for leak in leaks)
+        from ._leaks import format_leaks
+
         item.user_properties.append(("procown_leaks", json.dumps([leak.to_dict() for leak in leaks])))
         text = format_leaks(item.nodeid, leaks, watch.mechanism())
         if failure is not None:
@@ -400,7 +455,8 @@ def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[Any], request: p
     # A broader fixture torn down in a test's teardown (the last test of its
     # scope) has let go of its pools: their workers are still not that test's.
     state = request.config.stash.get(_STATE, None)
-    if state is not None and fixturedef.scope != "function":
+    # Before the leak machinery was ever used there is no window to spare them in.
+    if state is not None and state.tracking and fixturedef.scope != "function":
         state.released |= _pools_held(fixturedef)
 
 
@@ -432,6 +488,8 @@ def procown_no_leaks(request: pytest.FixtureRequest) -> NoLeaksFactory:
     tracker = state.tracker if state is not None else None
     owner = f"a procown_no_leaks block in {request.node.nodeid}"
 
+    from ._leaks import NoLeaks
+
     def block(*, keep: bool = False) -> NoLeaks:
         return NoLeaks(keep=keep, owner=owner, tracker=tracker)
 
@@ -448,6 +506,8 @@ def procown_command(request: pytest.FixtureRequest) -> Iterator[OwnedCommands]:
             server = await procown_command([sys.executable, "-m", "http.server", "8123"])
             ...  # talk to it; it is torn down at the end of the test
     """
+    from ._background import OwnedCommands
+
     commands = OwnedCommands(request.node.nodeid)
     request.node.stash[_COMMANDS] = commands
     yield commands

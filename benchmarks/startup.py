@@ -1,0 +1,201 @@
+# Scenario 8: start-up costs, whole processes.
+#
+# What it measures (issue 16's start-up rows), each against its peer in the
+# same interleaved rounds:
+#
+# 1. `procown run -- true` against `python -c "import trio"`: what the
+#    command line costs beyond the runtime it is built on. Also
+#    `python -c "import trio_procown"` against the same peer (the package
+#    imports its names lazily, so this row shows what importing it costs
+#    before first use).
+# 2. pytest on a one-test file with the plugin installed but off
+#    (`--procown-leaks=off`) against the same run without it
+#    (`-p no:procown`): the plugin is imported by every pytest run through
+#    its entry point, so its import is the cost.
+#
+# Every child runs with cached bytecode, as an installed package does: the
+# environment's PYTHONDONTWRITEBYTECODE is dropped and PYTHONPYCACHEPREFIX
+# points to a private directory (filled by the warm-up rounds), so nothing
+# is written into the source tree.
+#
+# Targets (printed, not asserted): procown run / import trio <= 1.15 x;
+# pytest with the plugin off <= +20 ms over pytest without it.
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import trio
+
+from ._harness import Config, Measure, Section, Stats, Table, interleaved, ms, paired_ratio, ratio
+
+RUN_TARGET = 1.15  # x `python -c "import trio"`
+PYTEST_TARGET = 0.020  # s over pytest without the plugin
+
+
+def _procown_argv() -> list[str]:
+    script = Path(sys.executable).with_name("procown")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "trio_procown"]
+
+
+def _child_env(pycache: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTEST_ADDOPTS", None)
+    env["PYTHONPYCACHEPREFIX"] = pycache
+    return env
+
+
+def _process(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Measure:
+    """A measure of one whole process, timed in a worker thread."""
+
+    def once() -> float:
+        start = time.perf_counter()
+        subprocess.run(
+            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True
+        )
+        return time.perf_counter() - start
+
+    async def measure() -> float:
+        return await trio.to_thread.run_sync(once)
+
+    return measure
+
+
+def _plugin_import_seconds(env: Mapping[str, str], cwd: str) -> float:
+    """What importing the plugin costs once pytest and trio are imported
+    (pytest-trio imports trio in either run), from `python -X importtime`:
+    the package's and the plugin module's cumulative times."""
+    code = "import pytest, trio; import trio_procown.pytest_plugin"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    total = 0
+    for line in done.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[2].strip() in ("trio_procown", "trio_procown.pytest_plugin"):
+            total += int(parts[1])
+    return total / 1e6
+
+
+async def run(cfg: Config) -> Section:
+    section = Section(
+        "startup",
+        "8. Start-up: `procown run -- true` and pytest with the plugin off",
+        "Whole processes, interleaved in the same rounds: `procown run -- true`, "
+        '`python -c "import trio_procown"` and `python -c "import trio"`; pytest on a one-test file '
+        "with `--procown-leaks=off` and with `-p no:procown`.",
+    )
+    rounds = cfg.pick(5, 25)
+    warmup = cfg.pick(1, 3)
+    with tempfile.TemporaryDirectory(prefix="procown-bench-startup-") as tmp:
+        pycache = os.path.join(tmp, "pycache")
+        work = os.path.join(tmp, "work")
+        os.mkdir(work)
+        Path(work, "test_one.py").write_text("def test_one():\n    pass\n")
+        env = _child_env(pycache)
+        pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"]
+        variants = {
+            "procown run -- true": _process([*_procown_argv(), "run", "--", "true"], env, work),
+            'python -c "import trio_procown"': _process(
+                [sys.executable, "-c", "import trio_procown"], env, work
+            ),
+            'python -c "import trio"': _process([sys.executable, "-c", "import trio"], env, work),
+            "pytest --procown-leaks=off": _process([*pytest_argv, "--procown-leaks=off"], env, work),
+            "pytest -p no:procown": _process([*pytest_argv, "-p", "no:procown"], env, work),
+        }
+        samples = await interleaved(variants, rounds, warmup)
+        plugin_import = [
+            await trio.to_thread.run_sync(_plugin_import_seconds, env, work) for _ in range(cfg.pick(5, 15))
+        ]
+    stats = {name: Stats.of(s) for name, s in samples.items()}
+    peer = 'python -c "import trio"'
+
+    rows = []
+    for name in ("procown run -- true", 'python -c "import trio_procown"', peer):
+        st = stats[name]
+        value = st.median / stats[peer].median
+        target = ""
+        if name == "procown run -- true":
+            target = f"≤ {RUN_TARGET} x → {section.target('procown run -- true / import trio', value, RUN_TARGET, 'x')}"
+        paired = paired_ratio(samples[name], samples[peer])
+        rows.append([name, ms(st.median), ms(st.min), ms(st.max), ratio(value), ratio(paired), target])
+    section.tables.append(
+        Table(
+            ["process", "median ms", "min ms", "max ms", "x import trio", "paired x", "target"],
+            rows,
+            caption=f"{rounds} rounds after {warmup} warm-up rounds; 'paired x' is the median of per-round "
+            "ratios. Bytecode cached (PYTHONPYCACHEPREFIX), as for an installed package.",
+        )
+    )
+
+    on, off = stats["pytest --procown-leaks=off"], stats["pytest -p no:procown"]
+    extra = on.median - off.median
+    paired_extra = sorted(
+        a - b
+        for a, b in zip(samples["pytest --procown-leaks=off"], samples["pytest -p no:procown"], strict=True)
+    )[rounds // 2]
+    verdict = section.target("pytest start-up, plugin off: extra over no plugin", extra, PYTEST_TARGET, "s")
+    section.tables.append(
+        Table(
+            [
+                "pytest, one trivial test",
+                "median ms",
+                "min ms",
+                "max ms",
+                "extra ms",
+                "paired extra ms",
+                "target",
+            ],
+            [
+                [
+                    "--procown-leaks=off",
+                    ms(on.median),
+                    ms(on.min),
+                    ms(on.max),
+                    ms(extra),
+                    ms(paired_extra),
+                    f"≤ +{PYTEST_TARGET * 1e3:g} ms → {verdict}",
+                ],
+                ["-p no:procown", ms(off.median), ms(off.min), ms(off.max), "", "", ""],
+                [
+                    "plugin import alone (-X importtime)",
+                    ms(Stats.of(plugin_import).median),
+                    ms(Stats.of(plugin_import).min),
+                    ms(Stats.of(plugin_import).max),
+                    "",
+                    "",
+                    "",
+                ],
+            ],
+            caption="The plugin is imported through its pytest11 entry point in every run; with leaks off "
+            "it imports neither trio nor its leak machinery. A whole pytest run varies by tens of ms "
+            "here, more than the plugin costs: the last row isolates the plugin's import (pytest and "
+            f"trio already imported), {len(plugin_import)} samples.",
+        )
+    )
+    section.data = {
+        "rounds": rounds,
+        "warmup": warmup,
+        "stats_seconds": {k: v.to_dict() for k, v in stats.items()},
+        "samples_seconds": samples,
+        "procown_run_over_import_trio": stats["procown run -- true"].median / stats[peer].median,
+        "import_trio_procown_over_import_trio": stats['python -c "import trio_procown"'].median
+        / stats[peer].median,
+        "pytest_plugin_off_extra_seconds": extra,
+        "plugin_import_seconds": plugin_import,
+    }
+    return section
