@@ -48,6 +48,17 @@ async def test_natural_exit(domain: str) -> None:
     assert r.claims()[0].startswith(f"The command (pid {r.pid}) exited by itself with status 3")
 
 
+async def test_command_sees_the_name_it_was_given(domain: str) -> None:
+    """argv[0] is the name the caller gave, as execvp and subprocess give it:
+    GNU tools prefix their messages with it ("ls: cannot access ..."), and a
+    script's $0 is what it was called by. The program found on PATH runs."""
+    result = await trio_procown.run_owned(["ls", "/nonexistent-procown-argv0"], domain=domain)
+    assert result.returncode == 2
+    assert result.stderr.startswith(b"ls: cannot access"), result.stderr
+    result = await trio_procown.run_owned(["sh", "-c", 'echo "$0"'], domain=domain)
+    assert result.stdout == b"sh\n"
+
+
 async def test_timeout_kills_forked_grandchild_promptly(domain: str) -> None:
     """Own timeout: no exception, grandchild terminated, early output kept, prompt return."""
     start = trio.current_time()

@@ -265,7 +265,7 @@ async def test_a_leader_that_never_entered_its_cgroup_is_said_and_judged_by_its_
 ) -> None:
     """A placement shim that does not enter the cgroup: the receipt says placement FAILED and falls
     back to process-group evidence instead of claiming the (empty) cgroup proves anything."""
-    monkeypatch.setattr(_cgroup, "shim_argv", lambda procs, argv: list(argv))
+    monkeypatch.setattr(_cgroup, "shim_argv", lambda procs, argv, name=None: list(argv))
     async with trio_procown.open_owned_command(
         "sleep 30 & echo ready; sleep 30", domain="cgroup", timeout=0.5, grace=1.0
     ) as run:

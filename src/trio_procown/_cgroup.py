@@ -328,12 +328,15 @@ class CgroupDomain(Domain):
         return os.path.join(where or self.path, name)
 
     def prepare(self, argv: Sequence[str]) -> list[str]:
+        return self.command_line(argv, argv[0])[1]
+
+    def command_line(self, argv: Sequence[str], name: str) -> tuple[str, list[str]]:
         _stale.sweep_once(self.root)  # the first use of a root: stale domains of dead owners
         self.path = os.path.join(self.root, _stale.cgroup_name(next(_counter)))
         os.mkdir(self.path)
         self._procs_file = self._file("cgroup.procs")
-        self._argv = shim_argv(self._procs_file, argv)
-        return self._argv
+        self._argv = shim_argv(self._procs_file, argv, name)
+        return self._argv[0], self._argv
 
     def attach(self, leader: Leader, started: float) -> None:
         super().attach(leader, started)

@@ -81,6 +81,16 @@ class Domain(abc.ABC):
         """The argv to spawn so that the command starts inside the domain."""
         return list(argv)
 
+    def command_line(self, argv: Sequence[str], name: str) -> tuple[str, list[str]]:
+        """The program to execute and its argv, so that the command starts
+        inside the domain; `argv[0]` is the program's path and `name` what
+        the caller called it (the command's argv[0] where the domain can
+        keep it, as execvp does: `ls: cannot access ...`, not `/usr/bin/ls`)."""
+        args = self.prepare(argv)
+        if args == list(argv):
+            return args[0], [name, *args[1:]]
+        return args[0], args
+
     def attach(self, leader: Leader, started: float) -> None:
         """Take hold of the spawned leader."""
         self.leader = leader
@@ -190,7 +200,8 @@ class ProcessGroupDomain(Domain):
         leader_pid = self.leader.pid if self.leader else None
         if snap is None:
             snap = _procfs.snapshot(self.leader.mark if self.leader else None)
-        found = [m for m in snap if m.pgrp == self.pgid and m.pid != leader_pid]
+        group = snap.in_group(self.pgid) if isinstance(snap, _procfs.Rows) else snap
+        found = [m for m in group if m.pgrp == self.pgid and m.pid != leader_pid]
         self.seen.update((m.pid, m.start) for m in found)
         return found
 

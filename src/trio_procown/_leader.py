@@ -76,8 +76,10 @@ class Leader:
         cwd: str | os.PathLike[str] | None,
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
+        executable: str | None = None,
     ) -> Leader:
-        """Start `argv` in a new session; raises the OSError the OS gave."""
+        """Start `argv` in a new session (the file `executable`, by default
+        argv[0]); raises the OSError the OS gave."""
         if _DEFERRED:
             reap_deferred()
         kwargs: dict[str, Any] = {}
@@ -85,6 +87,7 @@ class Leader:
             kwargs["pass_fds"] = tuple(pass_fds)
         popen = subprocess.Popen(
             list(argv),
+            executable=executable,
             stdin=stdin,
             stdout=stdout,
             stderr=stderr,

@@ -205,7 +205,7 @@ def _shim_works(path: str) -> bool:
     """Run a shim once: it must exec a program (it is not asked to move
     anywhere: /dev/null stands in for cgroup.procs)."""
     try:
-        return run_quietly([path, os.devnull, "/bin/sh", "-c", "exit 7"], 10, new_session=True) == 7
+        return run_quietly([path, os.devnull, "/bin/sh", "sh", "-c", "exit 7"], 10, new_session=True) == 7
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -435,11 +435,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=compiled_shim._forget_after_fork)
 
 
-def shim_argv(procs: str, argv: Sequence[str]) -> list[str]:
-    """The argv that enters the cgroup of `procs` and then runs `argv`."""
+def shim_argv(procs: str, argv: Sequence[str], name: str | None = None) -> list[str]:
+    """The argv that enters the cgroup of `procs` and then runs `argv`
+    (argv[0] the program's path); the command sees `name` as its argv[0]
+    where the shim can arrange it (the compiled ones; the /bin/sh shim's
+    `exec` cannot, so there it sees the path)."""
     shim = compiled_shim()
     if shim is not None:
-        return [shim, procs, *argv]
+        return [shim, procs, argv[0], argv[0] if name is None else name, *argv[1:]]
     if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
         return ["/bin/sh", "-c", _SHIM_EVAL, "sh", procs, argv[2]]
     return ["/bin/sh", "-c", _SHIM_EXEC, procs, *argv]

@@ -88,6 +88,14 @@ def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str
     return argv
 
 
+def given_name(command: Command, argv: Sequence[str]) -> str:
+    """The command's argv[0] as the caller gave it (resolve_argv puts the
+    program's path in its place)."""
+    if isinstance(command, str):
+        return argv[0]
+    return os.fspath(next(iter(command)))
+
+
 def check_cwd(cwd: str | os.PathLike[str] | None) -> None:
     if cwd is not None and not os.path.isdir(cwd):
         where = os.fspath(cwd)
@@ -154,11 +162,17 @@ def spawn(
             targets["stderr"] = "merged into stdout"
         else:
             err_fd = _output_fd("stderr", stderr, max_output, drains, targets, parent_fds, child_fds)
-        spawn_argv = own_domain.prepare(argv)
+        program, spawn_argv = own_domain.command_line(argv, given_name(command, argv))
         mark = _procfs.pid_mark()  # before the spawn: every descendant's pid comes after it
         try:
             leader = Leader.spawn(
-                spawn_argv, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, cwd=cwd, env=child_env
+                spawn_argv,
+                executable=program,
+                stdin=stdin_fd,
+                stdout=out_fd,
+                stderr=err_fd,
+                cwd=cwd,
+                env=child_env,
             )
             leader.mark = mark
         except BaseException:

@@ -1,6 +1,9 @@
 /* trio_procown cgroup shim: enter a cgroup, then exec the command.
  *
- * usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM [ARG...]
+ * usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM ARGV0 [ARG...]
+ *
+ * PROGRAM is the file executed; the command's argv starts at ARGV0 (the
+ * name it was asked for by, e.g. "ls", as execvp would give it).
  *
  * Writing "0" to cgroup.procs moves the writing process; doing it before
  * exec means the command is inside its cgroup before it can fork. Built
@@ -18,8 +21,8 @@ static void say(const char *msg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        say("usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM [ARG...]\n");
+    if (argc < 4) {
+        say("usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM ARGV0 [ARG...]\n");
         return 125;
     }
     int fd = open(argv[1], O_WRONLY | O_CLOEXEC);
@@ -28,7 +31,7 @@ int main(int argc, char **argv) {
         return 125;
     }
     close(fd);
-    execv(argv[2], argv + 2);
+    execv(argv[2], argv + 3);
     say("trio_procown: cannot execute the command\n");
     return errno == ENOENT ? 127 : 126;
 }

@@ -1,7 +1,7 @@
 /* trio_procown cgroup shim, freestanding (no libc): enter a cgroup, then
  * exec the command.
  *
- * usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM [ARG...]
+ * usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM ARGV0 [ARG...]
  *
  * The same program as cgroup_shim.c, written against raw system calls so
  * that its exec costs ~0.07 ms instead of ~0.35 ms for a static glibc
@@ -67,8 +67,8 @@ __attribute__((used)) void shim_main(long *sp) {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     char **envp = argv + argc + 1;
-    if (argc < 3) {
-        say("usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM [ARG...]\n");
+    if (argc < 4) {
+        say("usage: cgroup_shim CGROUP_PROCS_FILE PROGRAM ARGV0 [ARG...]\n");
         leave(125);
     }
     long fd = sys4(SYS_openat, AT_FDCWD, (long)argv[1], O_WRONLY | O_CLOEXEC, 0);
@@ -77,7 +77,7 @@ __attribute__((used)) void shim_main(long *sp) {
         leave(125);
     }
     sys4(SYS_close, fd, 0, 0, 0);
-    long err = sys4(SYS_execve, (long)argv[2], (long)(argv + 2), (long)envp, 0);
+    long err = sys4(SYS_execve, (long)argv[2], (long)(argv + 3), (long)envp, 0);
     say("trio_procown: cannot execute the command\n");
     leave(err == -ENOENT ? 127 : 126);
 }
