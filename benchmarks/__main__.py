@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from . import deadline, drain, force, keeper, peers, scaling, spawn, startup
+from . import cli_deadline, deadline, drain, force, keeper, memory, peers, scaling, slurm, spawn, startup
 from ._harness import (
     Config,
     Section,
@@ -47,6 +47,9 @@ SCENARIOS: dict[str, Callable[[Config], Awaitable[Section]]] = {
     "peers": peers.run,
     "keeper": keeper.run,
     "startup": startup.run,
+    "memory": memory.run,
+    "cli_deadline": cli_deadline.run,
+    "slurm": slurm.run,
 }
 
 

@@ -108,6 +108,7 @@ def growth(
     *,
     ours: Callable[[str], bool],
     note: str = "",
+    ylabel: str = "time to return past the deadline (ms, log)",
 ) -> Callable[[Any], None]:
     """Two panels against x (log): time past the deadline / cancel (ms, log)
     and processes left, one line per variant; series: label -> [(x, ms, left)]."""
@@ -143,7 +144,7 @@ def growth(
         xs_all = sorted({p[0] for points in series.values() for p in points})
         if xs_all:
             top.set_xticks(xs_all)
-        top.set_ylabel("time to return past the deadline (ms, log)")
+        top.set_ylabel(ylabel)
         top.set_title(title, fontsize=10)
         top.grid(alpha=0.3, which="both")
         top.legend(fontsize=7, loc="upper left")

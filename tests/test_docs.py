@@ -400,6 +400,8 @@ UNSTABLE = [
     re.compile(r"were left as zombies for their parent or init to reap"),
     # `procown doctor`'s note on the cgroup2 mount options of this machine.
     re.compile(r"^note: cgroup2 is mounted without favordynmods"),
+    # `procown doctor`'s line on a Slurm cluster, which depends on the machine.
+    re.compile(r"^slurm \(--domain slurm, never picked by auto\)"),
 ]
 
 

@@ -265,6 +265,7 @@ async def test_a_leader_that_never_entered_its_cgroup_is_said_and_judged_by_its_
 ) -> None:
     """A placement shim that does not enter the cgroup: the receipt says placement FAILED and falls
     back to process-group evidence instead of claiming the (empty) cgroup proves anything."""
+    monkeypatch.setattr(_cgroup, "spawns_into", lambda root: False)  # the shim's path, not clone3's
     monkeypatch.setattr(_cgroup, "shim_argv", lambda procs, argv, name=None: list(argv))
     async with trio_procown.open_owned_command(
         "sleep 30 & echo ready; sleep 30", domain="cgroup", timeout=0.5, grace=1.0
@@ -280,3 +281,62 @@ async def test_a_leader_that_never_entered_its_cgroup_is_said_and_judged_by_its_
     assert any("placement" in c for c in r.claims())
     assert r.domain_empty
     assert r.returncode is not None
+
+
+@needs_cgroup
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["spawner", "shim"])
+async def test_a_command_forking_at_once_is_inside_its_cgroup(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Created inside the cgroup by clone3 (the spawner), or moved there by
+    the shim before its exec: either way a child forked by the command's
+    first instruction is a member, and the teardown ends it."""
+    if how == "shim":
+        monkeypatch.setattr(_cgroup, "spawns_into", lambda root: False)
+    else:
+        root = os.path.realpath(_cgroup.default_root() or "")
+        if not _cgroup.spawns_into(root):
+            pytest.skip("the spawner is not available here (no C compiler, or clone3 refused)")
+    async with trio_procown.open_owned_command(
+        "sleep 30 & echo $!; wait", domain="cgroup", timeout=10, grace=1.0
+    ) as run:
+        async for line in run.lines("stdout"):
+            child = int(line)
+            break
+        with open(f"/proc/{child}/cgroup") as f:
+            where = f.read()
+        assert where.strip().endswith("/" + os.path.basename(run.domain_id)), where
+    receipt = run.receipt
+    assert receipt is not None
+    assert receipt.domain_empty
+    assert not alive(child)
+    assert receipt.escape_evidence == "kernel"
+
+
+@needs_cgroup
+@pytest.mark.timeout(60)
+async def test_a_kernel_refusing_clone3_falls_back_to_the_shim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where clone3 is refused (an old kernel, a container's seccomp filter),
+    the probe finds that the spawner cannot place commands and the shim does,
+    so commands still start inside their cgroup."""
+    from trio_procown import _placement
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, int]:
+        raise _placement.CloneRefused(38, "clone3 refused: Function not implemented")
+
+    monkeypatch.setattr(_placement, "spawn_into", refused)
+    monkeypatch.setattr(_cgroup, "_SPAWNS_INTO", set())
+    _cgroup._probe.cache_clear()
+    _cgroup._usable_root_cached.cache_clear()
+    try:
+        root = os.path.realpath(_cgroup.default_root() or "")
+        assert _cgroup.unavailable_reason(root) is None
+        assert not _cgroup.spawns_into(root)
+        assert "shim" in _cgroup.placement_method()
+        result = await trio_procown.run_owned(["sh", "-c", "cat /proc/self/cgroup"], domain="cgroup")
+        assert result.stdout.decode().strip().endswith(os.path.basename(result.receipt.domain_id))
+        assert result.receipt.domain_empty
+    finally:
+        _cgroup._probe.cache_clear()
+        _cgroup._usable_root_cached.cache_clear()

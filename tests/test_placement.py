@@ -310,3 +310,123 @@ def test_untrusted_cache_without_compiler_uses_the_shell_shim(
     assert _placement.shim_argv(os.devnull, ["/bin/true"])[0] == "/bin/sh"
     assert run_through_shim(trusted)
     assert not marker.exists()
+
+
+# -- the spawner (clone3 into the cgroup) ----------------------------------------
+
+
+def _spawner_name() -> str:
+    return _placement._cache_name(_placement._sources(_placement._SPAWNER_BUILDS), "spawn_into")
+
+
+@pytest.fixture
+def fresh_spawner(trusted: Path) -> Iterator[Path]:
+    _placement.compiled_spawner.cache_clear()
+    try:
+        yield trusted
+    finally:
+        _placement.compiled_spawner.cache_clear()
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o1777], ids=["group", "sticky"])
+def test_spawner_in_a_writable_cache_is_not_loaded(
+    fresh_spawner: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    """The spawner is a shared object we load into our own process: the
+    same trust as the shim's. One planted in a cache that others can write
+    is never loaded; a private build is used instead."""
+    cache = use_cache_home(monkeypatch, fresh_spawner / "xdg")
+    cache.mkdir(parents=True)
+    planted = cache / _spawner_name()
+    planted.write_bytes(b"\x7fELF not a library")
+    planted.chmod(0o755)
+    cache.chmod(mode)
+    path = _placement.compiled_spawner()
+    assert path is not None
+    assert not os.readlink(path).startswith(str(cache))
+
+
+def _spawn_and_read(argv: list[str], cwd: str | None = None) -> tuple[int, bytes]:
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pid, pidfd = _placement.spawn_into(argv[0], argv, dict(os.environ), cwd, (null, w, w), -1)
+    finally:
+        os.close(w)
+        os.close(null)
+    try:
+        with os.fdopen(r, "rb") as f:
+            out = f.read()
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out
+    finally:
+        os.close(pidfd)
+
+
+def test_spawner_gives_what_subprocess_gives(fresh_spawner: Path) -> None:
+    """A command started by the spawner sees what subprocess gives it: a new
+    session, stdio only (nothing else inherited, close_fds), no blocked
+    signals, SIGPIPE and SIGXFSZ at their defaults, the cwd asked for."""
+    inheritable = os.open(os.devnull, os.O_RDONLY)  # inheritable: close_fds must still close it
+    try:
+        os.set_inheritable(inheritable, True)
+        script = (
+            'ls /proc/self/fd; grep -E "^(SigBlk|SigIgn)" /proc/self/status; '
+            "ps -o sid= -o pgid= -p $$; echo pid $$; pwd"
+        )
+        status, out = _spawn_and_read(["/bin/sh", "-c", script], cwd="/")
+    finally:
+        os.close(inheritable)
+    assert status == 0, out
+    lines = out.decode().split("\n")
+    fds = sorted(int(x) for x in lines if x.strip().isdigit())
+    assert fds == [0, 1, 2, 3], out  # 3: ls's own directory
+    blocked = next(x for x in lines if x.startswith("SigBlk")).split()[1]
+    ignored = int(next(x for x in lines if x.startswith("SigIgn")).split()[1], 16)
+    assert int(blocked, 16) == 0
+    for sig in (13, 25):  # SIGPIPE, SIGXFSZ
+        assert not ignored & (1 << (sig - 1)), hex(ignored)
+    pid = next(x for x in lines if x.startswith("pid ")).split()[1]
+    sid, pgid = next(x for x in lines if len(x.split()) == 2 and x.split()[0].isdigit()).split()
+    assert sid == pgid == pid
+    assert lines[-2] == "/"
+
+
+def test_spawner_reports_the_exec_error(fresh_spawner: Path) -> None:
+    """A program that cannot run raises the OSError subprocess raises, and nothing is left."""
+    tmp_path = fresh_spawner  # not pytest's tmp_path: `trusted` moves tempfile's directory
+    with pytest.raises(FileNotFoundError):
+        _spawn_and_read([str(tmp_path / "missing")])
+    text = tmp_path / "text"
+    text.write_text("not a program\n")
+    text.chmod(0o644)
+    with pytest.raises(PermissionError):
+        _spawn_and_read([str(text)])
+    with pytest.raises(FileNotFoundError) as bad_cwd:
+        _spawn_and_read(["/bin/true"], cwd=str(tmp_path / "nowhere"))
+    assert bad_cwd.value.filename == str(tmp_path / "nowhere")
+
+
+def test_spawner_keeps_stdio_given_in_any_order(fresh_spawner: Path) -> None:
+    """Stdio sources that are themselves 0, 1 or 2 are not clobbered by an earlier dup2."""
+    r, w = os.pipe()
+    saved = os.dup(1)
+    try:
+        # stdout -> our pipe through fd 0's slot: stdin = the pipe's write end is odd, so
+        # give stderr = fd 1 (the pipe) and stdout = fd 1 as well, stdin = /dev/null.
+        os.dup2(w, 1)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pid, pidfd = _placement.spawn_into(
+                "/bin/sh", ["sh", "-c", "echo out; echo err >&2"], dict(os.environ), None, (null, 1, 1), -1
+            )
+        finally:
+            os.close(null)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    os.close(pidfd)
+    assert out == b"out\nerr\n"

@@ -55,3 +55,146 @@ def test_too_many_clones_or_tasks_is_not_sound(
     machine["now"] = PidMark(last_pid=900, forks=100 + clones, tasks=tasks)
     result = _procfs.ranges_since(PidMark(last_pid=800, forks=100, tasks=tasks))
     assert (result is not None) is sound
+
+
+# -- the shared process table (issue 16: many teardowns at once) ---------------------------
+
+KEY = b"TRIO_PROCOWN_COOKIE="
+
+
+def _row(pid: int, pgrp: int, start: int, state: str = "S") -> _procfs.ProcInfo:
+    return _procfs.ProcInfo(pid, 1, pgrp, state, start)
+
+
+class FakeEnvirons:
+    """Environments by pid (None: unreadable) and the pids whose environment was read."""
+
+    def __init__(self) -> None:
+        self.by_pid: dict[int, bytes | None] = {}
+        self.reads: list[int] = []
+
+    def entry(self, pid: int, key: bytes, unreadable: set[int] | None = None) -> bytes | None:
+        self.reads.append(pid)
+        value = self.by_pid.get(pid, b"")
+        if value is None and unreadable is not None:
+            unreadable.add(pid)
+        return value or None
+
+
+@pytest.fixture
+def environs(monkeypatch: pytest.MonkeyPatch) -> FakeEnvirons:
+    """Fake environment reads (no processes)."""
+    fake = FakeEnvirons()
+    monkeypatch.setattr(_procfs, "environ_entry", fake.entry)
+    return fake
+
+
+def test_rows_index_by_process_group() -> None:
+    """Rows.in_group answers from an index built once, in table order."""
+    rows = _procfs.Rows([_row(10, 10, 1), _row(11, 10, 2), _row(20, 20, 3)])
+    assert [r.pid for r in rows.in_group(10)] == [10, 11]
+    assert rows.in_group(99) == []
+    assert [r.pid for r in rows.in_group(20)] == [20]
+
+
+def test_census_index_reads_each_environment_once(environs: FakeEnvirons) -> None:
+    """Many census questions on one table read each environment at most once, and only
+    as far back as the oldest start time asked about."""
+    environs.by_pid[101] = KEY + b"outer:aaa"
+    environs.by_pid[102] = KEY + b"bbb"
+    environs.by_pid[103] = KEY + b"aaa"
+    table = _procfs.ProcessTable(
+        [_row(101, 101, 50), _row(102, 102, 60), _row(103, 900, 70), _row(104, 104, 10)]
+    )
+    assert [r.pid for r in table.carrying(KEY, b"aaa", started_since=50)] == [103, 101]
+    assert [r.pid for r in table.carrying(KEY, b"bbb", started_since=55)] == [102]
+    assert [r.pid for r in table.carrying(KEY, b"outer", started_since=50)] == [101]
+    assert sorted(environs.reads) == [101, 102, 103]  # 104 started before anything asked about
+    assert table.carrying(KEY, b"aaa", started_since=60) == [_row(103, 900, 70)]  # 101 is older
+    assert table.carrying(KEY, b"aaa", started_since=50, skip=900) == [_row(101, 101, 50)]
+
+
+def test_census_index_skips_zombies_and_reports_unreadable(environs: FakeEnvirons) -> None:
+    """Zombies are never read; an unreadable environment is reported to the questions it concerns."""
+    environs.by_pid[201] = None
+    environs.by_pid[202] = KEY + b"tok"
+    table = _procfs.ProcessTable([_row(201, 201, 80), _row(202, 202, 80, "Z"), _row(203, 203, 80)])
+    unreadable: set[int] = set()
+    assert table.carrying(KEY, b"tok", 0, -1, unreadable) == []
+    assert unreadable == {201}
+    unreadable.clear()
+    table.carrying(KEY, b"tok", 0, 201, unreadable)  # that group is the caller's own: not asked about
+    assert unreadable == set()
+    assert 202 not in environs.reads
+
+
+async def test_read_environs_then_carrying_reads_nothing_more(environs: FakeEnvirons) -> None:
+    """read_environs (the shared scan's prefetch, in slices) leaves carrying nothing to read."""
+    environs.by_pid[301] = KEY + b"x"
+    table = _procfs.ProcessTable([_row(300 + i, 300 + i, 100 + i) for i in range(50)])
+    await table.read_environs(KEY, 100)
+    before = len(environs.reads)
+    assert [r.pid for r in table.carrying(KEY, b"x", 100)] == [301]
+    assert len(environs.reads) == before == 50
+
+
+async def test_one_scan_serves_every_request_made_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests of one scheduling batch share one scan; a request made while a scan runs gets the
+    next one, which begins after that request (a table is never older than its question)."""
+    import trio
+
+    scans: list[float] = []
+    gate = trio.Event()
+
+    async def slow_scan() -> _procfs.Rows:
+        scans.append(trio.current_time())
+        await gate.wait()
+        return _procfs.Rows()
+
+    monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
+    monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
+    tables: dict[str, _procfs.ProcessTable] = {}
+    asked: dict[str, float] = {}
+
+    async def ask(name: str) -> None:
+        asked[name] = trio.current_time()
+        tables[name] = await _procfs.table_for(None)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ask, "a")
+        nursery.start_soon(ask, "b")
+        while not scans:
+            await trio.sleep(0)
+        nursery.start_soon(ask, "late")
+        await trio.sleep(0.01)
+        gate.set()
+    assert tables["a"] is tables["b"]
+    assert tables["late"] is not tables["a"]
+    assert len(scans) == 2
+    assert tables["late"].started >= asked["late"]
+    assert tables["a"].started >= max(asked["a"], asked["b"])
+
+
+async def test_table_since_reuses_only_a_table_begun_after_the_question(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """table_since (for teardowns past their deadline) shares a full scan that began at or after
+    the question, and scans anew otherwise."""
+    import trio
+
+    calls: list[None] = []
+
+    def scan(ranges: object) -> _procfs.Rows:
+        calls.append(None)
+        return _procfs.Rows()
+
+    monkeypatch.setattr(_procfs, "_snapshot", scan)
+    monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
+    asked = trio.current_time()
+    first = _procfs.table_since(None, asked)
+    assert _procfs.table_since(None, asked) is first
+    await trio.sleep(0.01)
+    later = trio.current_time()
+    third = _procfs.table_since(None, later)
+    assert third is not first
+    assert len(calls) == 2

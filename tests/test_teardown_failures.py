@@ -173,7 +173,7 @@ async def test_a_failing_scan_is_recorded_and_the_teardown_goes_on(monkeypatch: 
     the later stages still run and the receipt does not claim emptiness it could not prove."""
     from trio_procown import _procfs
 
-    async def broken(mark: object) -> object:
+    async def broken(*args: object) -> object:
         raise OSError(errno.EMFILE, "Too many open files")
 
     async with trio_procown.open_owned_command(

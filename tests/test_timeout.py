@@ -101,6 +101,9 @@ STATUS_CASES = [
     (["--kill-after=5", "--signal=INT", "--verbose", "10", "true"], 0),
     (["--kill", "5", "--sig", "HUP", "--pres", "10", "true"], 0),  # long-option prefixes
     (["-vk5", "-sINT", "10", "true"], 0),  # short options bundled
+    # Real-time signals (unnamed in Python's signal module) are sent too.
+    (["-s", "RTMIN+1", ".2", "sleep", "5"], 124),
+    (["-s", "RTMAX-1", "--preserve-status", ".2", "sleep", "5"], 128 + signal.SIGRTMAX - 1),
     (["--", "10", "true"], 0),
     (["10", "--", "true"], 127),  # options end at DURATION: "--" is the command
     (["10.34", "sleep", "0"], 0),
@@ -150,6 +153,18 @@ def test_status_matches_gnu(args: list[str], expected: int, tmp_path: Path) -> N
     assert theirs.returncode == expected, theirs.stderr
     assert ours.returncode == expected, ours.stderr
     assert ours.stdout == theirs.stdout
+
+
+@needs_gnu
+def test_script_without_interpreter_line_runs_in_sh_as_gnu(tmp_path: Path) -> None:
+    """An executable file with no `#!` (no format the kernel knows) is run by
+    /bin/sh, as execvp does for GNU timeout: same output, same status."""
+    script = tmp_path / "plain-script"
+    script.write_text('echo "ran as $0 with $1"\nexit 3\n')
+    script.chmod(0o755)
+    theirs, ours = both(["10", str(script), "arg"], cwd=tmp_path)
+    assert (theirs.returncode, theirs.stdout) == (3, f"ran as {script} with arg\n".encode())
+    assert (ours.returncode, ours.stdout) == (theirs.returncode, theirs.stdout), ours.stderr
 
 
 @needs_gnu

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._errors import ProcownError as ProcownError
     from ._errors import ServiceError as ServiceError
     from ._errors import ServiceNotReady as ServiceNotReady
+    from ._leaks import LeakedProcess as LeakedProcess
     from ._leaks import NoLeaks as NoLeaks
     from ._ready import ready_file as ready_file
     from ._ready import ready_line as ready_line
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from ._service import Service as Service
     from ._service import ServiceOwner as ServiceOwner
     from ._service import open_service_owner as open_service_owner
+    from ._slurm import SlurmDomain as SlurmDomain
     from ._subreaper import enable_subreaper as enable_subreaper
 
 # Every public name is imported on first use (PEP 562), so that importing
@@ -77,6 +79,7 @@ _CORE = {
     "StreamRecord": "_receipt",
 }
 _LAZY = {
+    "LeakedProcess": "_leaks",
     "NoLeaks": "_leaks",
     "ready_file": "_ready",
     "ready_line": "_ready",
@@ -87,6 +90,7 @@ _LAZY = {
     "Service": "_service",
     "ServiceOwner": "_service",
     "open_service_owner": "_service",
+    "SlurmDomain": "_slurm",
     "enable_subreaper": "_subreaper",
 }
 
@@ -101,6 +105,7 @@ __all__ = [
     "DomainUnavailable",
     "HandoffError",
     "HandoffReceipt",
+    "LeakedProcess",
     "NoLeaks",
     "OwnedCommand",
     "OwnedProcess",
@@ -114,6 +119,7 @@ __all__ = [
     "ServiceError",
     "ServiceNotReady",
     "ServiceOwner",
+    "SlurmDomain",
     "Step",
     "StreamRecord",
     "auto_choice",

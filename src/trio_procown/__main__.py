@@ -1,8 +1,7 @@
 # `python -m trio_procown`: the `procown` command line (see _cli.py).
 
-import sys
-
 from ._cli import main
+from ._exit import run_and_exit
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

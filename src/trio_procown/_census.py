@@ -35,12 +35,12 @@ from . import _pidfd, _procfs
 from ._domain import Domain, wait_for_processes
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
-from ._receipt import ProcessRecord
+from ._receipt import ProcessRecord, signame
 
 COOKIE_VAR = "TRIO_PROCOWN_COOKIE"
 EscapeePolicy = Literal["terminate", "report"]
 
-_KEY = f"{COOKIE_VAR}=".encode()
+_KEY = COOKIE_KEY = f"{COOKIE_VAR}=".encode()  # as the process table is asked about it
 
 
 class Census:
@@ -138,7 +138,7 @@ class Census:
         return reached
 
     def _failed(self, pid: int, sigs: tuple[int, ...], exc: OSError) -> None:
-        names = "+".join(signal.Signals(s).name for s in sigs)
+        names = "+".join(signame(s) for s in sigs)
         code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.failures.append(f"{names} to escapee {pid}: {code} ({exc.strerror})")
 

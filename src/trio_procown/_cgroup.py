@@ -8,12 +8,15 @@
 # included, and no process can leave it without write access to cgroup files.
 #
 # Entering the cgroup must happen *before* the command can fork: moving the
-# pid after spawn loses the race to a command that forks at once. The spawn
-# goes through a shim that writes 0 (itself) to the cgroup's cgroup.procs and
-# then execs the command: a freestanding or a glibc C program where a C
-# compiler exists, otherwise a /bin/sh one-liner; all three are race-free.
-# How they are built, what each costs and when a compiled one is trusted:
-# _placement.py.
+# pid after spawn loses the race to a command that forks at once. Where the
+# probe finds it works, the command is created inside its cgroup by the
+# spawner (clone3 with CLONE_INTO_CGROUP, _shim/spawn_into.c through
+# ctypes): no process is moved, so no move's RCU wait (~10 ms after idle on
+# a mount without favordynmods). Otherwise the spawn goes through a shim
+# that writes 0 (itself) to the cgroup's cgroup.procs and then execs the
+# command: a freestanding or a glibc C program where a C compiler exists,
+# otherwise a /bin/sh one-liner; all are race-free. How they are built,
+# what each costs and when a compiled one is trusted: _placement.py.
 #
 # Teardown: SIGTERM and SIGCONT to every pid in cgroup.procs, through pidfds
 # that are kept only for pids still listed after they were opened (so a
@@ -88,10 +91,26 @@ def spawn_cost_note() -> str | None:
     """
     if cgroup2_mount() is None or "favordynmods" in mount_options():
         return None
+    root = default_root()
+    if root is not None and unavailable_reason(root) is None and spawns_into(os.path.realpath(root)):
+        return None  # commands are created inside their cgroup: no move, no wait
     return (
         "cgroup2 is mounted without favordynmods: entering a cgroup may wait for an RCU grace "
         "period (~10 ms for a command spawned after idling); remount with favordynmods to avoid it"
     )
+
+
+def placement_method() -> str:
+    """How a command gets into its cgroup here (for `procown doctor`)."""
+    root = default_root()
+    if root is None or unavailable_reason(root) is not None:
+        return "none (no usable cgroup root)"
+    if spawns_into(os.path.realpath(root)):
+        return "created inside its cgroup (clone3 CLONE_INTO_CGROUP): no process is moved"
+    from ._placement import compiled_shim
+
+    shim = "a compiled shim" if compiled_shim() is not None else "a /bin/sh shim"
+    return f"moved in by {shim} before it execs the command"
 
 
 def own_cgroup_dir() -> str | None:
@@ -111,6 +130,44 @@ def _own_cgroup_dir_cached() -> str | None:
     return own_cgroup_dir()
 
 
+# Roots whose commands are created inside their cgroup by the spawner
+# (clone3 CLONE_INTO_CGROUP, _placement.spawn_into) rather than moved there
+# by a shim: decided by the probe, which tries the spawner first.
+_SPAWNS_INTO: set[str] = set()
+
+
+def spawns_into(root: str) -> bool:
+    """Commands under `root` start inside their cgroup (no shim, no move)."""
+    return root in _SPAWNS_INTO
+
+
+def _spawner_enters(probe: str) -> bool:
+    """The spawner starts a process inside the cgroup `probe` (and it ran)."""
+    from ._placement import CloneRefused, compiled_spawner, spawn_into
+
+    if compiled_spawner() is None:
+        return False
+    try:
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            cgroup_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                pid, pidfd = spawn_into("/bin/true", ["true"], {}, None, (null, null, null), cgroup_fd)
+            finally:
+                os.close(cgroup_fd)
+        finally:
+            os.close(null)
+    except (CloneRefused, OSError):
+        return False
+    try:
+        ready = _pidfd.wait_all_exited([pidfd], 5)
+        if not ready:
+            _pidfd.send(pidfd, signal.SIGKILL)
+        return os.waitpid(pid, 0)[1] == 0 and ready
+    finally:
+        os.close(pidfd)
+
+
 @cache
 def _probe(root: str) -> str | None:
     """Why `root` cannot hold our cgroups, or None when it can (cached)."""
@@ -128,6 +185,9 @@ def _probe(root: str) -> str | None:
     try:
         if not os.path.exists(os.path.join(probe, "cgroup.events")):
             return f"{root} has no cgroup.events (not cgroup v2)"
+        if _spawner_enters(probe):
+            _SPAWNS_INTO.add(root)
+            return None
         # Prove that a process can enter it: run the real shim once.
         try:
             returncode = run_quietly(shim_argv(os.path.join(probe, "cgroup.procs"), ["/bin/true"]), 5)
@@ -203,27 +263,48 @@ def populated(path: str) -> bool:
     """Does cgroup.events of `path` say "populated 1"? False once the cgroup
     is gone. A file that cannot be read raises OSError: it proves nothing."""
     try:
-        with open(os.path.join(path, "cgroup.events"), "rb") as f:
-            for line in f:
-                key, _, value = line.partition(b" ")
-                if key == b"populated":
-                    return value.strip() != b"0"
+        fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         if os.path.isdir(path):
             raise
         return False
+    try:
+        text = os.read(fd, 4096)  # one read: a few short lines, generated whole
+    finally:
+        os.close(fd)
+    for line in text.split(b"\n"):
+        key, _, value = line.partition(b" ")
+        if key == b"populated":
+            return value.strip() != b"0"
     return True  # no "populated" line: nothing proves it empty
 
 
 def subtree(path: str) -> list[str]:
     """The cgroup `path` and its descendants, deepest first."""
-    found = []
     try:
-        for top, _dirs, _files in os.walk(path, topdown=False):
-            found.append(top)
+        # cgroupfs (kernfs) counts a directory's links as 2 + its child
+        # directories: 2 means no child cgroup, and no listing to read.
+        if os.stat(path).st_nlink == 2:
+            return [path]
     except OSError:
-        pass
+        return [path]
+    found: list[str] = []
+    _walk_dirs(path, found)
     return found or [path]
+
+
+def _walk_dirs(where: str, found: list[str]) -> None:
+    # os.walk(topdown=False) without its generators: this runs for every
+    # member listing of every teardown. A directory that cannot be read is
+    # left out, as os.walk does.
+    try:
+        with os.scandir(where) as entries:
+            dirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for child in dirs:
+        _walk_dirs(child, found)
+    found.append(where)
 
 
 def tree_pids(path: str, failures: list[str] | None = None) -> list[int]:
@@ -261,6 +342,8 @@ def signal_each(
             fds[pid] = _pidfd.open_pidfd(pid)
         except OSError as exc:
             failed.append(f"pid {pid}: {describe_error(exc)}")
+    if not any(fd is not None for fd in fds.values()):
+        return 0  # nobody to check against a fresh listing
     still = set(listed())
     sent = 0
     for pid, fd in fds.items():
@@ -319,6 +402,7 @@ class CgroupDomain(Domain):
         # outside it ("unverified").
         self.placement = "pending"
         self._read_failures: list[str] = []
+        self._dir_fd: int | None = None  # the cgroup, open while the spawner starts the command in it
 
     @property
     def ident(self) -> str:
@@ -335,10 +419,28 @@ class CgroupDomain(Domain):
         self.path = os.path.join(self.root, _stale.cgroup_name(next(_counter)))
         os.mkdir(self.path)
         self._procs_file = self._file("cgroup.procs")
+        if spawns_into(self.root):
+            # Created inside the cgroup by the spawner: the command itself, no shim.
+            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._argv = [name, *argv[1:]]
+            return argv[0], self._argv
         self._argv = shim_argv(self._procs_file, argv, name)
         return self._argv[0], self._argv
 
+    def spawn_cgroup_fd(self) -> int | None:
+        return self._dir_fd
+
+    def _close_dir(self) -> None:
+        fd, self._dir_fd = self._dir_fd, None
+        if fd is not None:
+            os.close(fd)
+
     def attach(self, leader: Leader, started: float) -> None:
+        if self._dir_fd is not None:
+            # clone3 placed it: the kernel created the leader inside the
+            # cgroup open on _dir_fd, or the spawn failed.
+            self.placement = "verified"
+        self._close_dir()
         super().attach(leader, started)
         self._group.attach(leader, started)
 
@@ -573,6 +675,7 @@ class CgroupDomain(Domain):
         return text
 
     def abort_spawn(self) -> None:
+        self._close_dir()
         if self.path:
             try:
                 os.rmdir(self.path)

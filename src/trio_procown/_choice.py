@@ -15,8 +15,10 @@ from typing import Literal
 from . import _cgroup
 from ._domain import Domain, ProcessGroupDomain
 from ._errors import DomainUnavailable
+from ._slurm import SlurmDomain
 
-DomainName = Literal["auto", "cgroup", "process-group"]
+# A domain by name, or a SlurmDomain (the Slurm domain with its options).
+DomainName = Literal["auto", "cgroup", "process-group", "slurm"] | SlurmDomain
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +78,25 @@ def auto_choice() -> DomainOption:
     raise DomainUnavailable(msg)
 
 
+async def bind_domain(choice: DomainName, timeout: float | None, budgets: float) -> DomainName:
+    """The domain choice for one command, given its deadline: a Slurm
+    domain gets the job's time limit (timeout + the teardown budgets) and is
+    checked with the controller (bounded, without blocking the loop); names
+    of local domains are returned as they are."""
+    if choice == "slurm":
+        choice = SlurmDomain()
+    if isinstance(choice, SlurmDomain):
+        spec = choice.bound(timeout, budgets)
+        return await spec.checked_for(["true"])
+    return choice
+
+
 def make_domain(choice: DomainName) -> Domain:
     """A fresh domain instance for one command."""
+    if isinstance(choice, SlurmDomain):
+        return choice.make()
+    if choice == "slurm":
+        return SlurmDomain().make()
     if choice == "auto":
         choice = auto_choice().name  # type: ignore[assignment]
     if choice == "cgroup":
@@ -87,5 +106,5 @@ def make_domain(choice: DomainName) -> Domain:
             msg = "the process-group domain needs a POSIX platform"
             raise DomainUnavailable(msg)
         return ProcessGroupDomain()
-    msg = f"domain must be 'auto', 'cgroup' or 'process-group', not {choice!r}"
+    msg = f"domain must be 'auto', 'cgroup', 'process-group', 'slurm' or a SlurmDomain, not {choice!r}"
     raise ValueError(msg)

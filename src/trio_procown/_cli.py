@@ -68,7 +68,7 @@ from typing import IO, Any, Literal, NoReturn, TextIO, TypeVar
 import trio
 
 from . import __version__
-from ._cgroup import spawn_cost_note
+from ._cgroup import placement_method, spawn_cost_note
 from ._choice import auto_choice, available_domains
 from ._command import OwnedCommand, open_owned_command
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--domain",
-        choices=("auto", "cgroup", "process-group"),
+        choices=("auto", "cgroup", "process-group", "slurm"),
         default="auto",
         help="what holds the command's processes; see `procown doctor` (default: %(default)s)",
     )
@@ -266,12 +266,19 @@ class RunOptions:
     timeout: float | None = None
     grace: float = 2.0
     kill_wait: float = 1.0
-    domain: Literal["auto", "cgroup", "process-group"] = "auto"
+    domain: Literal["auto", "cgroup", "process-group", "slurm"] = "auto"
     escapees: Literal["terminate", "report"] = "terminate"
     cwd: str | None = None
     receipt: str | None = None
     json: bool = False
     max_output: int = DEFAULT_MAX_OUTPUT
+
+
+def entry() -> None:
+    """The `procown` console script: main(), then a prompt exit (_exit.py)."""
+    from ._exit import run_and_exit
+
+    run_and_exit(main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -618,6 +625,9 @@ def doctor(*, clean: bool = False) -> int:
     census_evidence = "the census's (a descendant that calls setsid() and clears its environment is not seen)"
     evidence = cgroup_evidence if kernel else "no domain here has the kernel's"
     lines.append(f"escape evidence: {evidence}; process-group: {census_evidence}")
+    if kernel:
+        lines.append(f"cgroup placement: {placement_method()}")
+    lines.append(_slurm_line())
     stale_lines, cleaned = _stale_domains(clean)
     lines.extend(stale_lines)
     if not cleaned:
@@ -627,6 +637,15 @@ def doctor(*, clean: bool = False) -> int:
         lines.append(f"note: {note}")
     print("\n".join(lines), flush=True)
     return status
+
+
+def _slurm_line() -> str:
+    """doctor's line on the Slurm domain (never picked by auto)."""
+    from ._slurm import cluster_status
+
+    usable, what = cluster_status()
+    state = "reachable" if usable else "not usable"
+    return f"slurm (--domain slurm, never picked by auto): {state}: {what}"
 
 
 def _stale_domains(clean: bool) -> tuple[list[str], bool]:

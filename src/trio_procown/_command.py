@@ -36,7 +36,7 @@ import trio
 from trio_util import AsyncValue
 
 from ._census import EscapeePolicy
-from ._choice import DomainName
+from ._choice import DomainName, bind_domain
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
 from ._errors import HandoffError
 from ._escalation import (
@@ -472,7 +472,9 @@ async def open_owned_command(
     ``"inherit"`` (the caller's own stream), a file path, an open fd or file
     object (passed as is, not closed), and for stderr also ``"stdout"``
     (merged, in order). Only captured streams are claimed in the receipt.
-    `domain`: ``"auto"``, ``"cgroup"`` or ``"process-group"``.
+    `domain`: ``"auto"``, ``"cgroup"``, ``"process-group"``, or
+    ``"slurm"`` / a :class:`SlurmDomain` (run as a Slurm job, see
+    docs/domains.md).
     `escapees`: what to do with processes that left the domain (found by the
     census): ``"terminate"`` or ``"report"``.
     `max_output`: per-stream memory bound; head and tail are kept.
@@ -496,6 +498,7 @@ async def open_owned_command(
     check_budget("kill_wait", kill_wait)
     check_budget("drain_wait", drain_wait)
     machine = Escalation(Budgets(grace, kill_wait, drain_wait), escapees, first_signal)
+    domain = await bind_domain(domain, timeout, grace + kill_wait + drain_wait)
     argv, spawned = spawn(
         command,
         stdin=stdin,

@@ -35,6 +35,7 @@ from . import _pidfd, _procfs
 from ._errors import DomainUnavailable as DomainUnavailable
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
+from ._receipt import signame
 
 # While waiting for a member to exit, how often to check that it is still a
 # member.
@@ -43,7 +44,7 @@ RECHECK_INTERVAL = 0.05
 
 def signal_names(sigs: tuple[int, ...]) -> str:
     """ "SIGTERM+SIGCONT"; "no signal" for an empty stage (GNU timeout's -s 0)."""
-    return "+".join(signal.Signals(s).name for s in sigs) or "no signal"
+    return "+".join(signame(s) for s in sigs) or "no signal"
 
 
 def describe_error(exc: OSError) -> str:
@@ -90,6 +91,11 @@ class Domain(abc.ABC):
         if args == list(argv):
             return args[0], [name, *args[1:]]
         return args[0], args
+
+    def spawn_cgroup_fd(self) -> int | None:
+        """A cgroup directory, open, to create the leader in (clone3's
+        CLONE_INTO_CGROUP), or None: spawn as prepared."""
+        return None
 
     def attach(self, leader: Leader, started: float) -> None:
         """Take hold of the spawned leader."""
@@ -176,6 +182,16 @@ class Domain(abc.ABC):
         return [m for m in self.members(snap) if not m.zombie]
 
 
+def own_group(leader: Leader) -> int:
+    """The process group a leader spawned in a new session leads (its pid);
+    refuses one that is the caller's own or init's."""
+    pgid = leader.pid
+    if pgid == os.getpgrp() or pgid <= 1:
+        msg = f"refusing to own process group {pgid}: it is the caller's own"
+        raise RuntimeError(msg)
+    return pgid
+
+
 class ProcessGroupDomain(Domain):
     """The command's own session and process group (POSIX)."""
 
@@ -187,10 +203,7 @@ class ProcessGroupDomain(Domain):
 
     def attach(self, leader: Leader, started: float) -> None:
         super().attach(leader, started)
-        self.pgid = leader.pid
-        if self.pgid == os.getpgrp() or self.pgid <= 1:
-            msg = f"refusing to own process group {self.pgid}: it is the caller's own"
-            raise RuntimeError(msg)
+        self.pgid = own_group(leader)
 
     @property
     def ident(self) -> str:
@@ -227,7 +240,7 @@ class ProcessGroupDomain(Domain):
             try:
                 sent = self._killpg(sig) or sent
             except OSError as exc:
-                failed.append(f"{signal.Signals(sig).name}: {describe_error(exc)}")
+                failed.append(f"{signame(sig)}: {describe_error(exc)}")
         if not sent and not failed:
             detail += " (no process)"
         return Sent(detail, "; ".join(failed))

@@ -59,10 +59,13 @@ def graceful_signals(first: int) -> tuple[int, ...]:
     if first == 0:
         return ()
     try:
-        sig = signal.Signals(first)
+        sig = int(signal.Signals(first))
     except ValueError:
-        msg = f"first_signal: {first!r} is not a signal on this platform"
-        raise ValueError(msg) from None
+        low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+        if low is None or high is None or not low <= first <= high:  # real-time signals are unnamed
+            msg = f"first_signal: {first!r} is not a signal on this platform"
+            raise ValueError(msg) from None
+        sig = first
     return (sig,) if sig == signal.SIGCONT else (sig, signal.SIGCONT)
 
 

@@ -536,7 +536,7 @@ def argv(owner: int) -> list[str]:
     """How the keeper is started: this file imported as a top-level module
     (its cached bytecode is used; a script would be compiled each time),
     isolated (-I: no PYTHON* variables, no user site) and without site (-S)."""
-    code = f"import sys; sys.path.append({HERE!r}); import _keeper; sys.exit(_keeper.serve({owner}))"
+    code = f"import os, sys; sys.path.append({HERE!r}); import _keeper; os._exit(_keeper.serve({owner}))"
     return [sys.executable, "-I", "-S", "-c", code]
 
 
@@ -756,6 +756,12 @@ def retire(wait: float = EXIT_WAIT) -> bool:
             return False
         client.write(b"bye\n")
         return client.forget(wait)
+
+
+def at_exit() -> None:
+    """What the interpreter's exit does for the keeper, for callers that
+    end the process with os._exit (_exit.exit_now)."""
+    _at_exit()
 
 
 def _at_exit() -> None:

@@ -55,10 +55,12 @@ def status_to_returncode(si_code: int, si_status: int) -> int:
 class Leader:
     """The spawned direct process, held unreaped until `reap()`."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        self.pidfd = _pidfd.open_pidfd(self.pid)
+    def __init__(
+        self, pid: int, popen: subprocess.Popen[bytes] | None = None, pidfd: int | None = None
+    ) -> None:
+        self.popen = popen  # None when the spawner started it (no Popen to keep informed)
+        self.pid = pid
+        self.pidfd = _pidfd.open_pidfd(self.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
         self.reaped = False
         info = _procfs.read_stat(self.pid) if _procfs.IS_LINUX else None
@@ -77,11 +79,29 @@ class Leader:
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
         executable: str | None = None,
+        cgroup_fd: int | None = None,
     ) -> Leader:
         """Start `argv` in a new session (the file `executable`, by default
-        argv[0]); raises the OSError the OS gave."""
+        argv[0]); with `cgroup_fd`, inside that cgroup from its first
+        instruction (clone3 through the spawner, _placement.spawn_into).
+        Raises the OSError the OS gave."""
         if _DEFERRED:
             reap_deferred()
+        if cgroup_fd is not None:
+            if pass_fds:
+                msg = "pass_fds is not supported when spawning into a cgroup"
+                raise ValueError(msg)
+            from ._placement import spawn_into
+
+            pid, pidfd = spawn_into(
+                argv[0] if executable is None else executable,
+                argv,
+                env,
+                cwd,
+                (stdin, stdout, stderr),
+                cgroup_fd,
+            )
+            return cls(pid, pidfd=pidfd)
         kwargs: dict[str, Any] = {}
         if pass_fds:
             kwargs["pass_fds"] = tuple(pass_fds)
@@ -97,7 +117,7 @@ class Leader:
             close_fds=True,
             **kwargs,
         )
-        return cls(popen)
+        return cls(popen.pid, popen)
 
     def poll(self) -> int | None:
         """The exit status if the leader has terminated, without reaping it."""
@@ -157,8 +177,9 @@ class Leader:
         except ChildProcessError:
             pass
         self.reaped = True
-        # Tell Popen the child is gone so it neither warns nor reaps again.
-        self.popen.returncode = self.returncode
+        if self.popen is not None:
+            # Tell Popen the child is gone so it neither warns nor reaps again.
+            self.popen.returncode = self.returncode
         self.close()
         return True
 
@@ -170,7 +191,8 @@ class Leader:
         _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
         self.pidfd = None
         self.reaped = True
-        self.popen.returncode = self.returncode if self.returncode is not None else -1
+        if self.popen is not None:
+            self.popen.returncode = self.returncode if self.returncode is not None else -1
 
     def close(self) -> None:
         if self.pidfd is not None:

@@ -22,6 +22,14 @@
 # All three are race-free: the move precedes the exec of the command.
 # TRIO_PROCOWN_SH_SHIM=1 forces the shell shim.
 #
+# Preferred over every shim where it works: the spawner, _shim/spawn_into.c
+# built as a shared object and called through ctypes, which creates the
+# command inside its cgroup with clone3(CLONE_INTO_CGROUP) (spawn_into
+# below; _cgroup's probe decides per root). It moves no process, so it
+# never waits for the RCU grace period a move may cost. It is built,
+# cached and trusted exactly as the compiled shim is (an _Artefact each),
+# and loaded through the verified descriptor's /proc path.
+#
 # Trust. The compiled shim runs with the caller's privileges (often root)
 # for every command, so whoever can swap the file can run code as the
 # caller. It is built once per machine into $XDG_CACHE_HOME/trio_procown
@@ -60,6 +68,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import select
@@ -67,10 +76,11 @@ import shutil
 import stat
 import subprocess
 import threading
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 SH_SHIM_ENV = "TRIO_PROCOWN_SH_SHIM"
+NO_SPAWNER_ENV = "TRIO_PROCOWN_NO_SPAWNER"  # place by a shim even where the spawner works
 
 # sh -c _SHIM_EXEC PROCS ARGV...: $0 is the cgroup.procs file, "$@" the command.
 _SHIM_EXEC = (
@@ -90,6 +100,23 @@ _SHIM_BUILDS = (
 )
 
 _BUILT = "cgroup_shim"
+
+# The spawner (_shim/spawn_into.c), a shared object called through ctypes:
+# clone3(CLONE_INTO_CGROUP) starts the command inside its cgroup, so no
+# shim runs and no process is moved (see the file's comment for why a
+# move can cost ~10 ms). Built, cached and trusted as the shim is.
+_SPAWNER_BUILDS = (("spawn_into.c", ["-O2", "-shared", "-fPIC"]),)
+_SPAWNER_BUILT = "spawn_into.so"
+
+
+class _Artefact(NamedTuple):
+    """A program we compile and trust: its builds (best first), the name of
+    the build's output, and how a build open on a descriptor is proven to work."""
+
+    builds: tuple[tuple[str, list[str]], ...]
+    built: str
+    stem: str  # of the cache file's name
+    works: Callable[[int], bool]
 
 
 def _cache_dir() -> str:
@@ -220,13 +247,13 @@ def _fd_works(fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (via.st_dev, via.st_ino) and _shim_works(path)
 
 
-def _sources() -> dict[str, bytes]:
+def _sources(builds: tuple[tuple[str, list[str]], ...] = _SHIM_BUILDS) -> dict[str, bytes]:
     # Read beside this file (no importlib.resources import on every run's
     # path); a package that is not plain files falls back to resources.
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim")
     try:
         sources = {}
-        for name, _ in _SHIM_BUILDS:
+        for name, _ in builds:
             with open(os.path.join(here, name), "rb") as f:
                 sources[name] = f.read()
         return sources
@@ -234,20 +261,23 @@ def _sources() -> dict[str, bytes]:
         from importlib import resources
 
         package = resources.files("trio_procown") / "_shim"
-        return {name: (package / name).read_bytes() for name, _ in _SHIM_BUILDS}
+        return {name: (package / name).read_bytes() for name, _ in builds}
 
 
-def _cache_name(sources: dict[str, bytes]) -> str:
+def _cache_name(sources: dict[str, bytes], stem: str = "cgroup_shim") -> str:
     digest = hashlib.sha256(b"".join(sources[n] for n in sorted(sources))).hexdigest()[:16]
-    return f"cgroup_shim-{digest}-{os.uname().machine}"  # = platform.machine() on POSIX
+    return f"{stem}-{digest}-{os.uname().machine}"  # = platform.machine() on POSIX
 
 
-def _build_in(tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes]) -> int | None:
+def _build_in(
+    tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes], artefact: _Artefact | None = None
+) -> int | None:
     """Compile the shim in our private directory `tmp`, pinned by `tmp_fd`
     (the result is opened through it, whatever becomes of the path), and
     return a descriptor on the first build that works."""
+    artefact = artefact or _SHIM
     written: set[str] = set()
-    for name, flags in _SHIM_BUILDS:
+    for name, flags in artefact.builds:
         if name not in written:
             src = os.open(
                 name,
@@ -259,7 +289,7 @@ def _build_in(tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes]) -> int 
                 f.write(sources[name])
             written.add(name)
         built = subprocess.run(
-            [cc, *flags, "-o", os.path.join(tmp, _BUILT), os.path.join(tmp, name)],
+            [cc, *flags, "-o", os.path.join(tmp, artefact.built), os.path.join(tmp, name)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -269,21 +299,23 @@ def _build_in(tmp: str, tmp_fd: int, cc: str, sources: dict[str, bytes]) -> int 
         if built.returncode != 0:
             continue
         try:
-            fd = os.open(_BUILT, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=tmp_fd)
+            fd = os.open(
+                artefact.built, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=tmp_fd
+            )
         except OSError:
             continue
         try:
             os.fchmod(fd, 0o755)
-            if _usable_file(os.fstat(fd)) and _fd_works(fd):
+            if _usable_file(os.fstat(fd)) and artefact.works(fd):
                 return fd
         except OSError:
             pass
         os.close(fd)
-        os.unlink(_BUILT, dir_fd=tmp_fd)
+        os.unlink(artefact.built, dir_fd=tmp_fd)
     return None
 
 
-def _build_pinned(tmp: str, cc: str, sources: dict[str, bytes]) -> int | None:
+def _build_pinned(tmp: str, cc: str, sources: dict[str, bytes], artefact: _Artefact) -> int | None:
     """Build in `tmp`, a directory just made by mkdtemp, provided it is
     still ours and private once pinned by a descriptor; a descriptor on a
     working build, or None."""
@@ -292,13 +324,15 @@ def _build_pinned(tmp: str, cc: str, sources: dict[str, bytes]) -> int | None:
         st = os.fstat(tmp_fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             return None
-        return _build_in(tmp, tmp_fd, cc, sources)
+        return _build_in(tmp, tmp_fd, cc, sources, artefact)
     finally:
         os.close(tmp_fd)
 
 
-def _from_cache(cache: str, name: str, cc: str | None, sources: dict[str, bytes]) -> int | None:
-    """A descriptor on the cached shim `name` in `cache`, building it there
+def _from_cache(
+    cache: str, name: str, cc: str | None, sources: dict[str, bytes], artefact: _Artefact
+) -> int | None:
+    """A descriptor on the cached build `name` in `cache`, building it there
     first if needed; None when the cache cannot be trusted."""
     os.makedirs(os.path.dirname(os.path.abspath(cache)), mode=0o700, exist_ok=True)
     cache = _real(cache)
@@ -316,7 +350,7 @@ def _from_cache(cache: str, name: str, cc: str | None, sources: dict[str, bytes]
     else:
         fd = _open_checked(target, st)
         if fd is not None:
-            if _fd_works(fd):
+            if artefact.works(fd):
                 return fd
             os.close(fd)
     if cc is None:
@@ -325,25 +359,25 @@ def _from_cache(cache: str, name: str, cc: str | None, sources: dict[str, bytes]
 
     tmp = tempfile.mkdtemp(prefix="build-", dir=cache)
     try:
-        fd = _build_pinned(tmp, cc, sources)
+        fd = _build_pinned(tmp, cc, sources, artefact)
         if fd is not None:
             # The build is ours whether or not it reaches the cache.
             with contextlib.suppress(OSError):
-                os.replace(os.path.join(tmp, _BUILT), target)
+                os.replace(os.path.join(tmp, artefact.built), target)
         return fd
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _open_shim() -> int | None:
-    """A descriptor on a verified, working compiled shim, or None (use the
-    /bin/sh shim)."""
-    if os.environ.get(SH_SHIM_ENV):
+def _open_built(artefact: _Artefact) -> int | None:
+    """A descriptor on a verified, working build of `artefact`, or None (the
+    shim: use the /bin/sh shim; the spawner: use a shim)."""
+    if os.environ.get(SH_SHIM_ENV) or (artefact is _SPAWNER and os.environ.get(NO_SPAWNER_ENV)):
         return None
-    sources = _sources()
+    sources = _sources(artefact.builds)
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     try:
-        fd = _from_cache(_cache_dir(), _cache_name(sources), cc, sources)
+        fd = _from_cache(_cache_dir(), _cache_name(sources, artefact.stem), cc, sources, artefact)
     except (OSError, subprocess.SubprocessError):
         fd = None
     if fd is not None or cc is None:
@@ -356,7 +390,7 @@ def _open_shim() -> int | None:
     except OSError:
         return None
     try:
-        return _build_pinned(tmp, cc, sources)
+        return _build_pinned(tmp, cc, sources, artefact)
     except (OSError, subprocess.SubprocessError):
         return None
     finally:
@@ -370,8 +404,8 @@ class _Opened(NamedTuple):
     inode: tuple[int, int] | None  # (st_dev, st_ino) of the verified file
 
 
-def _opened_now() -> _Opened:
-    fd = _open_shim()
+def _opened_now(artefact: _Artefact) -> _Opened:
+    fd = _open_built(artefact)
     if fd is None:
         return _Opened(os.getpid(), None, None, None)
     st = os.fstat(fd)
@@ -393,13 +427,15 @@ def _still_ours(opened: _Opened) -> bool:
     return (st.st_dev, st.st_ino) == opened.inode
 
 
-class _CompiledShim:
+class _Compiled:
     """compiled_shim(): the path to exec the compiled C shim by (as
     /proc/<our pid>/fd/<n>), building it on first use; None when no
     trustworthy build is possible (no C compiler, or TRIO_PROCOWN_SH_SHIM
-    is set): use the /bin/sh shim. Cached per process."""
+    is set): use the /bin/sh shim. Cached per process. compiled_spawner():
+    the same for the spawner (a path to load it by)."""
 
-    def __init__(self) -> None:
+    def __init__(self, artefact: _Artefact) -> None:
+        self._artefact = artefact
         self._lock = threading.Lock()
         self._opened: _Opened | None = None
 
@@ -410,7 +446,7 @@ class _CompiledShim:
                 opened = self._opened
                 if opened is None or not _still_ours(opened):
                     # A stale descriptor number is not closed: it is not ours.
-                    opened = self._opened = _opened_now()
+                    opened = self._opened = _opened_now(self._artefact)
         return opened.path
 
     def cache_clear(self) -> None:
@@ -430,9 +466,143 @@ class _CompiledShim:
             os.close(opened.fd)
 
 
-compiled_shim = _CompiledShim()
+_SHIM = _Artefact(_SHIM_BUILDS, _BUILT, "cgroup_shim", _fd_works)
+_SPAWNER = _Artefact(_SPAWNER_BUILDS, _SPAWNER_BUILT, "spawn_into", lambda fd: _spawner_works(fd))
+compiled_shim = _Compiled(_SHIM)
+compiled_spawner = _Compiled(_SPAWNER)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=compiled_shim._forget_after_fork)
+    os.register_at_fork(after_in_child=compiled_spawner._forget_after_fork)
+
+
+# -- the spawner ---------------------------------------------------------------
+
+# /proc/<pid>/fd/<n> -> the function loaded through it. A path is only ever
+# asked for after compiled_spawner() checked that its descriptor still holds
+# the verified inode; a library loaded earlier through the same path stays
+# mapped and was verified when loaded.
+_LOADED: dict[str, Any] = {}
+
+
+def _function(path: str) -> Any:
+    """procown_spawn from the library at `path` (loaded once per path)."""
+    import ctypes
+
+    key = path
+    fn = _LOADED.get(key)
+    if fn is None:
+        fn = ctypes.CDLL(path).procown_spawn
+        fn.restype = ctypes.c_long
+        fn.argtypes = [
+            ctypes.c_char_p,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        _LOADED[key] = fn
+    return fn
+
+
+class CloneRefused(OSError):
+    """clone3 itself was refused (an old kernel, a seccomp filter, a cgroup
+    that takes no process): nothing was started; use the shim instead."""
+
+
+def _spawn_with(
+    fn: Any,
+    program: str,
+    argv: Sequence[str],
+    env: Sequence[bytes],
+    cwd: str | None,
+    fds: tuple[int, int, int],
+    cgroup_fd: int,
+) -> tuple[int, int]:
+    import ctypes
+
+    def array(items: Sequence[bytes]) -> Any:
+        return (ctypes.c_char_p * (len(items) + 1))(*items, None)
+
+    pidfd, error = ctypes.c_int(-1), ctypes.c_int(0)
+    c_argv = array([os.fsencode(a) for a in argv])
+    c_env = array(list(env))
+    pid = fn(
+        os.fsencode(program),
+        c_argv,
+        c_env,
+        None if cwd is None else os.fsencode(cwd),
+        fds[0],
+        fds[1],
+        fds[2],
+        cgroup_fd,
+        ctypes.byref(pidfd),
+        ctypes.byref(error),
+    )
+    if pid >= 0:
+        return int(pid), pidfd.value
+    code = error.value or errno.EINVAL
+    if pid == -2:
+        raise CloneRefused(code, f"clone3 refused: {os.strerror(code)}")
+    bad_cwd = (
+        cwd is not None and code in (errno.ENOENT, errno.ENOTDIR, errno.EACCES) and not os.path.isdir(cwd)
+    )
+    raise OSError(code, os.strerror(code), cwd if bad_cwd else program)
+
+
+def spawn_into(
+    program: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | os.PathLike[str] | None,
+    fds: tuple[int, int, int],
+    cgroup_fd: int,
+) -> tuple[int, int]:
+    """Start `program` (its argv `argv`) in a new session inside the cgroup
+    open on `cgroup_fd`, with stdio `fds`; return its pid and pidfd.
+    Raises the OSError of the exec (as subprocess does), or CloneRefused."""
+    path = compiled_spawner()
+    if path is None:
+        raise CloneRefused(errno.ENOSYS, "no spawner")
+    fn = _function(path)
+    encoded = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    return _spawn_with(fn, program, argv, encoded, None if cwd is None else os.fspath(cwd), fds, cgroup_fd)
+
+
+def _spawner_works(fd: int) -> bool:
+    """The spawner open on `fd` loads and starts a program (no cgroup).
+
+    A kernel (or a seccomp filter, as container runtimes install) that
+    refuses clone3 does not make the build bad: it is kept, and the cgroup
+    probe (_cgroup._spawner_enters) finds that it cannot place commands, so
+    they go through a shim, without a rebuild in every process."""
+    path = _fd_path(fd)
+    try:
+        st, via = os.fstat(fd), os.stat(path)
+        if (st.st_dev, st.st_ino) != (via.st_dev, via.st_ino):
+            return False
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            pid, pidfd = _spawn_with(
+                _function(path), "/bin/sh", ["sh", "-c", "exit 7"], [], None, (null, null, null), -1
+            )
+        finally:
+            os.close(null)
+    except CloneRefused:
+        return True
+    except (OSError, AttributeError):
+        return False
+    try:
+        ready, _, _ = select.select([pidfd], [], [], 10)
+        if not ready:
+            os.kill(pid, 9)
+        return os.waitpid(pid, 0)[1] == 7 << 8 and bool(ready)
+    finally:
+        os.close(pidfd)
 
 
 def shim_argv(procs: str, argv: Sequence[str], name: str | None = None) -> list[str]:

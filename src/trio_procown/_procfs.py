@@ -22,24 +22,39 @@
 # is full. A narrow range of at most DIRECT_PROBE_MAX pids is probed pid by
 # pid; a wider one means a busy machine, and goes to the shared full scan.
 #
-# A full scan is shared. When many commands are torn down together (500
-# cancelled by one scope), each teardown would otherwise read the whole
-# process table several times, and the scans alone would starve the event
-# loop for seconds. Full scans therefore go through a per-run coalescer:
-# the first teardown that asks yields once, so that every teardown asking in
-# the same scheduling batch joins the same round, then one scan serves them
-# all. A round always *starts* after each of its requests was made, so a
-# shared table is never older than the question it answers. The census's
-# cookie index (one environ read per live process) is built lazily, once
-# per table.
+# A full scan is shared. When many commands are torn down together (2,000
+# cancelled by one scope, 10,000 processes), each teardown would otherwise
+# read the whole process table several times, and walk every row of it for
+# its own questions: quadratic work, all of it on the event loop (issue 16:
+# 65-230 s for 2,000 commands, stalls of a minute). So:
+#
+# - Full scans go through a per-run coalescer. A round runs in a system task
+#   of its own (a requester's cancel scope firing never leaves the others
+#   without a table); it yields once so that every teardown asking in the
+#   same scheduling batch joins, then scans. One round scans at a time:
+#   requests made while a scan runs join the next round, which begins when
+#   that scan ends. A round always *starts* after each of its requests was
+#   made, so a shared table is never older than the question it answers.
+# - The scan and the environment reads yield to the event loop every
+#   SCAN_SLICE seconds instead of holding it for the whole table.
+# - A table answers each question from an index, not by walking its rows:
+#   members by process group (Rows.in_group), census hits by token (each
+#   live process's environment read once per table, newest first, only as
+#   far back as the oldest command asking; the round reads them before it
+#   hands the table out).
+# - A teardown past its deadline may not wait for a round: table_since
+#   gives it the newest full table begun after its question, or scans once
+#   for all those starved in the same batch.
 #
 # Non-Linux platforms fall back to psutil for everything.
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -234,21 +249,41 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def snapshot(mark: PidMark | None) -> list[ProcInfo]:
+def snapshot(mark: PidMark | None) -> Rows:
     """The processes that may descend from a command spawned after `mark`,
     zombies included (narrowed as the module comment explains)."""
     return _snapshot(ranges_since(mark))
 
 
-def _snapshot(ranges: list[tuple[int, int]] | None) -> list[ProcInfo]:
+def _snapshot(ranges: list[tuple[int, int]] | None) -> Rows:
     if IS_LINUX:
-        rows = []
+        rows = Rows()
         for pid in candidate_pids(ranges):
             info = read_stat(pid)
             if info is not None:
                 rows.append(info)
         return rows
-    return _psutil_rows()
+    return Rows(_psutil_rows())
+
+
+async def _snapshot_in_slices() -> Rows:
+    """A full scan (as _snapshot(None)) that yields to the event loop every
+    SCAN_SLICE seconds."""
+    if not IS_LINUX:
+        return _snapshot(None)
+    rows = Rows()
+    pids = list(_all_pids())
+    at = 0
+    while at < len(pids):
+        until = time.perf_counter() + SCAN_SLICE
+        while at < len(pids) and time.perf_counter() < until:
+            info = read_stat(pids[at])
+            at += 1
+            if info is not None:
+                rows.append(info)
+        if at < len(pids):
+            await trio.lowlevel.checkpoint()
+    return rows
 
 
 def _psutil_rows() -> list[ProcInfo]:
@@ -264,15 +299,92 @@ def _psutil_rows() -> list[ProcInfo]:
     return rows
 
 
+class Rows(list[ProcInfo]):
+    """The rows of one scan, with a lazily built index by process group (a
+    domain asking for its group's members then costs its members, not the
+    whole table: 2,000 teardowns sharing one scan of 10,000 rows would
+    otherwise walk all of them each)."""
+
+    _by_pgrp: dict[int, list[ProcInfo]] | None = None
+
+    def in_group(self, pgrp: int) -> list[ProcInfo]:
+        """The rows whose process group is `pgrp`, in table order."""
+        if self._by_pgrp is None:
+            index: dict[int, list[ProcInfo]] = {}
+            for info in self:
+                index.setdefault(info.pgrp, []).append(info)
+            self._by_pgrp = index
+        return list(self._by_pgrp.get(pgrp, ()))
+
+
+class _CookieIndex:
+    """Census tokens -> the live rows whose environment carries them, for
+    one environment variable: each row's environment is read at most once,
+    however many teardowns ask. Built newest process first, only as far back
+    as the oldest start time asked about (a descendant cannot be older than
+    its command's leader), so a lone teardown reads only recent processes."""
+
+    def __init__(self, key: bytes, rows: list[ProcInfo]) -> None:
+        self.key = key
+        me = os.getpid()
+        # Start 0 (unknown) sorts first: such rows are always read.
+        self._todo = sorted(
+            (r for r in rows if not r.zombie and r.pid != me),
+            key=lambda r: -r.start if r.start else -(1 << 62),
+        )
+        self._next = 0
+        self.tokens: dict[bytes, list[ProcInfo]] = {}
+        self.unreadable: list[ProcInfo] = []
+
+    def covered(self, started_since: int) -> bool:
+        """Has every row started at or after `started_since` been read?"""
+        if self._next >= len(self._todo):
+            return True
+        start = self._todo[self._next].start
+        return bool(start) and start < started_since
+
+    def read_one(self) -> None:
+        info = self._todo[self._next]
+        self._next += 1
+        unreadable: set[int] = set()
+        entry = environ_entry(info.pid, self.key, unreadable)
+        if unreadable:
+            self.unreadable.append(info)
+        if entry is not None and entry.startswith(self.key):
+            for token in set(entry[len(self.key) :].split(b":")):
+                self.tokens.setdefault(token, []).append(info)
+
+
+# A long synchronous stretch of scanning yields to the event loop after this
+# long, so that other tasks (and the loop's I/O) are never held up much
+# longer than that by a scan.
+SCAN_SLICE = 0.004
+
+
 class ProcessTable:
     """One scan of the process table, with lazily built indexes."""
 
-    def __init__(self, rows: list[ProcInfo]) -> None:
-        self.rows = rows
-        # (key, pid) -> that process's KEY=VALUE entry, read at most once per
-        # table however many teardowns share it.
-        self._entries: dict[tuple[bytes, int], bytes | None] = {}
-        self._unreadable: set[int] = set()
+    def __init__(self, rows: list[ProcInfo], started: float = -math.inf) -> None:
+        self.rows = rows if isinstance(rows, Rows) else Rows(rows)
+        self.started = started  # trio time when the scan began (-inf: unknown)
+        self._cookies: dict[bytes, _CookieIndex] = {}
+
+    def _index(self, key: bytes) -> _CookieIndex:
+        index = self._cookies.get(key)
+        if index is None:
+            index = self._cookies[key] = _CookieIndex(key, self.rows)
+        return index
+
+    async def read_environs(self, key: bytes, started_since: int = 0) -> None:
+        """Read the environments `carrying` will need, yielding to the event
+        loop every SCAN_SLICE seconds (a table of 10,000 rows takes
+        hundreds of milliseconds to read)."""
+        index = self._index(key)
+        while not index.covered(started_since):
+            await trio.lowlevel.checkpoint()
+            until = time.perf_counter() + SCAN_SLICE
+            while not index.covered(started_since) and time.perf_counter() < until:
+                index.read_one()
 
     def carrying(
         self,
@@ -286,28 +398,22 @@ class ProcessTable:
         holds `token` in its ":"-separated chain of census tokens.
 
         Only processes started at or after `started_since` (clock ticks
-        since boot, as in /proc/PID/stat) are read: a descendant cannot be
-        older than its ancestor. Rows in process group `skip` are not read
-        either (the caller knows they are inside its domain). Pids whose
+        since boot, as in /proc/PID/stat) count: a descendant cannot be
+        older than its ancestor. Rows in process group `skip` are left out
+        (the caller knows they are inside its domain). Pids whose
         environment we may not read (another user's, a setuid program's)
         are added to `unreadable`: the census cannot see them.
         """
-        me = os.getpid()
-        found = []
-        for info in self.rows:
-            if info.zombie or info.pid == me or info.pgrp == skip:
-                continue
-            if info.start and info.start < started_since:
-                continue
-            cached = (key, info.pid)
-            value = self._entries.get(cached, False)
-            if value is False:
-                value = self._entries[cached] = environ_entry(info.pid, key, self._unreadable)
-            if info.pid in self._unreadable and unreadable is not None:
-                unreadable.add(info.pid)
-            if isinstance(value, bytes) and token_in(value, key, token):
-                found.append(info)
-        return found
+        index = self._index(key)
+        while not index.covered(started_since):
+            index.read_one()
+
+        def counts(info: ProcInfo) -> bool:
+            return info.pgrp != skip and not (info.start and info.start < started_since)
+
+        if unreadable is not None:
+            unreadable.update(info.pid for info in index.unreadable if counts(info))
+        return [info for info in index.tokens.get(token, ()) if counts(info)]
 
 
 def token_in(entry: bytes | None, key: bytes, token: bytes) -> bool:
@@ -414,47 +520,107 @@ class _Round:
     def __init__(self) -> None:
         self.done = trio.Event()
         self.table: ProcessTable | None = None
+        self.error: BaseException | None = None
+        # Environments to read before the table is handed out: key -> the
+        # oldest start time a requester will ask about.
+        self.environs: dict[bytes, int] = {}
 
 
 class _Coalescer:
-    """Shares one full scan among the requests of one scheduling batch."""
+    """Shares one full scan among every request made before it starts.
+
+    The scan runs in a system task of its own, so a requester's cancel scope
+    firing never leaves the others without a table. One round scans at a
+    time: requests made while a scan is running join the next round, which
+    starts when that scan ends (a table must be younger than every question
+    it answers; two scans side by side would each cost the whole table)."""
 
     def __init__(self) -> None:
-        self._next: _Round | None = None
+        self._next: _Round | None = None  # accepting requests
+        self._running: _Round | None = None  # scanning
+        self.latest: ProcessTable | None = None  # the newest full table
 
-    async def table(self) -> ProcessTable:
-        joined = self._next
-        if joined is not None:
-            await joined.done.wait()
-            assert joined.table is not None
-            return joined.table
-        this = self._next = _Round()
+    async def table(self, cookie_key: bytes | None, started_since: int) -> ProcessTable:
+        this = self._next
+        if this is None:
+            this = self._next = _Round()
+            trio.lowlevel.spawn_system_task(self._scan, this, name="trio_procown process table scan")
+        if cookie_key is not None:
+            known = this.environs.get(cookie_key)
+            this.environs[cookie_key] = started_since if known is None else min(known, started_since)
+        await this.done.wait()
+        if this.table is None:
+            msg = f"the shared process table scan failed: {this.error!r}"
+            raise RuntimeError(msg)
+        return this.table
+
+    async def _scan(self, this: _Round) -> None:
         try:
+            running = self._running
+            if running is not None:
+                await running.done.wait()
             # Let every teardown that asks in this batch join this round.
             await trio.lowlevel.checkpoint()
-        finally:
             self._next = None
-            this.table = ProcessTable(_snapshot(None))
+            self._running = this
+            began = trio.current_time()
+            table = ProcessTable(await _snapshot_in_slices(), began)
+            for key, since in this.environs.items():
+                await table.read_environs(key, since)
+            this.table = self.latest = table
+        except Exception as exc:
+            this.error = exc
+        finally:
+            if self._next is this:
+                self._next = None
+            if self._running is this:
+                self._running = None
             this.done.set()
-        return this.table
 
 
 _COALESCER: trio.lowlevel.RunVar[_Coalescer] = trio.lowlevel.RunVar("trio_procown_scans")
 
 
-async def table_for(mark: PidMark | None) -> ProcessTable:
+async def table_for(
+    mark: PidMark | None, cookie_key: bytes | None = None, started_since: int = 0
+) -> ProcessTable:
     """A scan for the command spawned after `mark`: narrow and private when
-    that is sound and cheap, otherwise a full scan shared with the other
-    teardowns of this scheduling batch."""
+    that is sound and cheap, otherwise a full scan shared with every
+    teardown that asks before it starts. With `cookie_key`, the census
+    will ask the table about that variable for processes started at or
+    after `started_since`: a shared table reads those environments (once,
+    for every requester) before it is handed out."""
     ranges = ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges))
+    return await _coalescer().table(cookie_key, started_since)
+
+
+def _coalescer() -> _Coalescer:
     try:
-        coalescer = _COALESCER.get()
+        return _COALESCER.get()
     except LookupError:
         coalescer = _Coalescer()
         _COALESCER.set(coalescer)
-    return await coalescer.table()
+        return coalescer
+
+
+def table_since(mark: PidMark | None, not_before: float) -> ProcessTable:
+    """A table for the command spawned after `mark`, without waiting: the
+    newest shared full table if its scan began at or after `not_before`
+    (trio time: when the question was asked), else a scan made now. For
+    teardowns past their deadline: many of them at once then share one
+    scan instead of each reading the whole process table."""
+    coalescer = _coalescer()
+    latest = coalescer.latest
+    if latest is not None and latest.started >= not_before:
+        return latest  # a full table holds whatever a narrow one would
+    ranges = ranges_since(mark)
+    if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
+        return ProcessTable(_snapshot(ranges))
+    began = trio.current_time()
+    table = coalescer.latest = ProcessTable(_snapshot(None), began)
+    return table
 
 
 def has_token(pid: int, key: bytes, token: bytes) -> bool:

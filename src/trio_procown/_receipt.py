@@ -28,6 +28,21 @@ OutputState = Literal["complete", "truncated", "abandoned", "closed", "not captu
 KeeperState = Literal["guarded", "replaced", "lost", "opted out", "unavailable", "unknown"]
 
 
+def signame(signum: int) -> str:
+    """A signal as receipts name it: "SIGTERM", "SIGRTMIN+1" (real-time
+    signals have no name of their own), "signal N" for any other number."""
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        pass
+    low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if low is not None and high is not None and low < signum < high:
+        return f"SIGRTMIN+{signum - low}"
+    return f"signal {signum}"
+
+
 class Action(enum.Enum):
     """What a step of the timeline did.
 
@@ -424,13 +439,7 @@ def _describe_status(returncode: int | None) -> str:
     if returncode is None:
         return "no status: it had not been seen to exit when the teardown ended"
     if returncode < 0:
-        import signal
-
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"{name} (returncode {returncode})"
+        return f"{signame(-returncode)} (returncode {returncode})"
     return f"status {returncode}"
 
 

@@ -173,6 +173,7 @@ def spawn(
                 stderr=err_fd,
                 cwd=cwd,
                 env=child_env,
+                cgroup_fd=own_domain.spawn_cgroup_fd(),
             )
             leader.mark = mark
         except BaseException:

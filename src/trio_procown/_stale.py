@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -52,9 +53,19 @@ _swept: set[str] = set()
 
 def cgroup_name(n: int) -> str:
     """The name of this process's `n`-th command cgroup (module comment)."""
-    start = _keeper.process_start(os.getpid())
-    suffix = f"-s{start}" if start else ""
-    return f"procown-{os.getpid()}-{n}-{os.urandom(3).hex()}{suffix}"
+    return f"{_owner_prefix(os.getpid())}{n}-{os.urandom(3).hex()}{_owner_suffix(os.getpid())}"
+
+
+@functools.cache
+def _owner_prefix(pid: int) -> str:
+    return f"procown-{pid}-"
+
+
+@functools.cache
+def _owner_suffix(pid: int) -> str:
+    """ "-s<our start time>" (keyed by pid: a forked child has its own)."""
+    start = _keeper.process_start(pid)
+    return f"-s{start}" if start else ""
 
 
 def parse(name: str) -> tuple[str, int, int] | None:

@@ -18,7 +18,10 @@
 # shielded cancel scope whose deadline is grace + kill_wait + drain_wait +
 # TEARDOWN_ALLOWANCE. If the loop was starved past that deadline, the machine
 # is told (DEADLINE): SIGKILL now unless already sent, a last wait of at most
-# CUT_SHORT_WAIT, then the receipt from what is seen.
+# CUT_SHORT_WAIT, then the receipt from what is seen (a process table shared
+# with the other starved teardowns, at most CUT_SHORT_SCAN more: when 2,000
+# teardowns are starved together, a private scan each would starve the loop
+# further, for minutes).
 #
 # Every action can fail (EPERM, EMFILE, ENOSPC, a vanished file). A refused
 # signal is a step with its outcome; an unforeseen failure is an "error"
@@ -28,17 +31,19 @@
 
 from __future__ import annotations
 
+import math
 import signal
 from typing import Any, Literal
 
 import trio
 
 from . import _procfs
+from ._census import COOKIE_KEY
 from ._domain import Sent, describe_error
 from ._escalation import Do, Escalation, Event
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
-from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord, output_of
+from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord, output_of, signame
 from ._spawn import Spawned
 
 # Scheduling slack added to the teardown's deadline on top of its budgets:
@@ -48,12 +53,17 @@ TEARDOWN_ALLOWANCE = 0.5
 # If the event loop was starved past the teardown's deadline (so the bound is
 # already exceeded), how long the forced fallback may wait for the domain.
 CUT_SHORT_WAIT = 0.25
+# ... and how long, after that wait, it may wait for its share of a process
+# table scan (many teardowns starved together share one; see run()). The
+# two stay within the owner's own wait (OwnedCommand.teardown_bound, one
+# more TEARDOWN_ALLOWANCE).
+CUT_SHORT_SCAN = 0.2
 
 _FORCE = (signal.SIGKILL,)
 
 
 def _names(sigs: tuple[int, ...]) -> tuple[str, ...]:
-    return tuple(signal.Signals(s).name for s in sigs)
+    return tuple(signame(s) for s in sigs)
 
 
 class Teardown:
@@ -78,6 +88,9 @@ class Teardown:
         # A scan taken after the last signal that showed nothing alive; the
         # receipt is written from it instead of scanning once more.
         self._final_table: ProcessTable | None = None
+        # Past the deadline: when the question a scan must answer was asked
+        # (a shared table begun after it answers it; see table_since).
+        self._asked = -math.inf
 
     @property
     def budget(self) -> float:
@@ -95,23 +108,28 @@ class Teardown:
         return trio.current_time() - self.spawned.started
 
     async def _table(self) -> ProcessTable:
-        return await _procfs.table_for(self._leader.mark)
+        # The census will ask about our cookie in processes started since
+        # the leader: a shared scan reads those environments once for all.
+        return await _procfs.table_for(self._leader.mark, COOKIE_KEY, self._leader.start)
 
     async def run(self) -> Receipt:
         """Perform the machine's actions, within the teardown's bound; return
         the receipt (always one)."""
         if self.spawned.feeder is not None:
             self.spawned.feeder.scope.cancel()
-        with trio.CancelScope(deadline=trio.current_time() + self.budget, shield=True):
+        deadline = trio.current_time() + self.budget
+        with trio.CancelScope(deadline=deadline, shield=True):
             await self._run()
         try:
             if self.receipt is None:
                 # The loop was starved past the teardown's deadline, or an
                 # action failed while writing the receipt.
-                with trio.CancelScope(deadline=trio.current_time() + CUT_SHORT_WAIT, shield=True):
+                self._asked = min(deadline, trio.current_time())
+                cut = trio.current_time() + CUT_SHORT_WAIT + CUT_SHORT_SCAN
+                with trio.CancelScope(deadline=cut, shield=True):
                     await self._cut_short()
                 if self.receipt is None:
-                    self._finish()
+                    self._finish(_procfs.table_since(self._leader.mark, self._asked))
         except Exception as exc:
             self._emergency_receipt(exc)
         assert self.receipt is not None
@@ -277,7 +295,9 @@ class Teardown:
         if machine.handle(Event.DEADLINE) is Do.FORCE_AND_REAP:
             self._force("teardown deadline expired")
             if machine.signals_escapees:
-                table = ProcessTable(_procfs.snapshot(self._leader.mark))
+                # Without waiting: a scan begun since our deadline passed
+                # (another teardown starved with us took it) will do.
+                table = _procfs.table_since(self._leader.mark, self._asked)
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
                     self._signal_escapees(escapees, _FORCE)
@@ -289,7 +309,10 @@ class Teardown:
                 await trio.sleep_forever()  # the bound above ends it
         outcome = "expired" if scope.cancelled_caught else "empty"
         self.step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
-        self._finish()
+        # The receipt's scan must begin after this wait ended (or expired):
+        # a shared one, while this scope lasts; else see run().
+        self._asked = scope.deadline if scope.cancelled_caught else trio.current_time()
+        self._finish(await self._table())
 
     def _finish(self, table: ProcessTable | None = None) -> None:
         """Reap, release, and write the receipt. Never waits.

@@ -45,6 +45,7 @@ import errno
 import getopt
 import os
 import re
+import shutil
 import signal
 import sys
 import unicodedata
@@ -492,6 +493,13 @@ class _Streams:
         )
 
 
+def _path_of(name: str) -> str:
+    """The file execvp would run for `name`."""
+    if "/" in name:
+        return name
+    return shutil.which(name) or name
+
+
 async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Receipt | None]:
     control = _Control(options)
     command = options.command
@@ -499,38 +507,45 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
     if code is not None:
         return _failed_to_run(command[0], code), None
     run: OwnedCommand | None = None
+    argv = list(command)
     with trio.open_signal_receiver(*_caught(options)) as signals:
-        try:
-            async with (
-                open_owned_command(
-                    command,
-                    grace=options.grace,
-                    kill_wait=DEFAULT_KILL_WAIT,
-                    stdin=streams.stdin,
-                    stdout=streams.stdout,
-                    stderr=streams.stderr,
-                    first_signal=options.signal,
-                ) as run,
-                trio.open_nursery() as nursery,
-            ):
-                nursery.start_soon(control.timer, run)
-                nursery.start_soon(control.relay, run, signals)
-                await run.wait()
-                nursery.cancel_scope.cancel()
-        except DomainUnavailable as exc:
-            _say(f"{NAME}: error: {exc}")
-            return Ending(EXIT_PROCOWN), None
-        except OSError as exc:
-            if run is not None:
-                raise
-            return _spawn_failure(command[0], exc), None
-        except ValueError as exc:
-            if run is not None:
-                raise
-            # The library refuses a signal it cannot name (a realtime
-            # signal other than RTMIN and RTMAX, say).
-            _say(f"{NAME}: cannot use signal {signal_name(options.signal)}: {exc}")
-            return Ending(EXIT_PROCOWN), None
+        while True:
+            try:
+                async with (
+                    open_owned_command(
+                        argv,
+                        grace=options.grace,
+                        kill_wait=DEFAULT_KILL_WAIT,
+                        stdin=streams.stdin,
+                        stdout=streams.stdout,
+                        stderr=streams.stderr,
+                        first_signal=options.signal,
+                    ) as run,
+                    trio.open_nursery() as nursery,
+                ):
+                    nursery.start_soon(control.timer, run)
+                    nursery.start_soon(control.relay, run, signals)
+                    await run.wait()
+                    nursery.cancel_scope.cancel()
+            except DomainUnavailable as exc:
+                _say(f"{NAME}: error: {exc}")
+                return Ending(EXIT_PROCOWN), None
+            except OSError as exc:
+                if run is not None:
+                    raise
+                if exc.errno == errno.ENOEXEC and argv[0] == command[0]:
+                    # As execvp: a file in no format the kernel runs is a
+                    # shell script (glibc runs `/bin/sh FILE ARGS...`).
+                    argv = ["/bin/sh", _path_of(command[0]), *command[1:]]
+                    continue
+                return _spawn_failure(command[0], exc), None
+            except ValueError as exc:
+                if run is not None:
+                    raise
+                # The library refuses a signal it cannot name.
+                _say(f"{NAME}: cannot use signal {signal_name(options.signal)}: {exc}")
+                return Ending(EXIT_PROCOWN), None
+            break
     receipt = run.receipt
     assert receipt is not None
     if options.verbose:
@@ -653,6 +668,13 @@ def run_timeout(options: TimeoutOptions) -> Ending:
 
     streams = _Streams.inherited()  # first: before anything takes a closed fd's number
     return with_receipt(options.receipt, options.json, lambda: trio.run(_run, options, streams))
+
+
+def entry() -> None:
+    """The `procown-timeout` console script: main(), then a prompt exit (_exit.py)."""
+    from ._exit import run_and_exit
+
+    run_and_exit(main)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "procown-timeout") -> int:
