@@ -150,7 +150,7 @@ def closing_note(sections: list[Section]) -> list[str]:
                         f"{domain} {statistics.median(back) * 1e6:,.0f} µs back to back, "
                         f"{statistics.median(after) * 1e6:,.0f} µs after {idle * 1e3:g} ms idle"
                     )
-            lines.append(f"  An occasional command (devnull): {'; '.join(parts)}.")
+            lines.append(f"  An occasional command (capturing both streams): {'; '.join(parts)}.")
     drain = _data(sections, "drain")
     if drain:
         owned_mem = [
