@@ -340,3 +340,24 @@ async def test_a_kernel_refusing_clone3_falls_back_to_the_shim(monkeypatch: pyte
     finally:
         _cgroup._probe.cache_clear()
         _cgroup._usable_root_cached.cache_clear()
+
+
+@needs_cgroup
+@pytest.mark.timeout(30)
+async def test_a_refused_clone_at_spawn_time_raises_what_fork_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """clone3 refused for one command (EAGAIN: the process limit) raises the
+    OSError subclass subprocess would raise, and leaves no cgroup behind."""
+    from trio_procown import _placement
+
+    root = os.path.realpath(_cgroup.default_root() or "")
+    if _cgroup.unavailable_reason(root) is not None or not _cgroup.spawns_into(root):
+        pytest.skip("the spawner is not available here")
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, int]:
+        raise _placement.CloneRefused(11, "clone3 refused: Resource temporarily unavailable")
+
+    monkeypatch.setattr(_placement, "spawn_into", refused)
+    before = set(os.listdir(root))
+    with pytest.raises(BlockingIOError):
+        await trio_procown.run_owned(["true"], domain="cgroup")
+    assert {n for n in set(os.listdir(root)) - before if n.startswith("procown-")} == set()

@@ -91,16 +91,22 @@ class Leader:
             if pass_fds:
                 msg = "pass_fds is not supported when spawning into a cgroup"
                 raise ValueError(msg)
-            from ._placement import spawn_into
+            from ._placement import CloneRefused, spawn_into
 
-            pid, pidfd = spawn_into(
-                argv[0] if executable is None else executable,
-                argv,
-                env,
-                cwd,
-                (stdin, stdout, stderr),
-                cgroup_fd,
-            )
+            try:
+                pid, pidfd = spawn_into(
+                    argv[0] if executable is None else executable,
+                    argv,
+                    env,
+                    cwd,
+                    (stdin, stdout, stderr),
+                    cgroup_fd,
+                )
+            except CloneRefused as exc:
+                # The probe saw clone3 work here: this is what a fork would
+                # say now (EAGAIN at RLIMIT_NPROC, ENOMEM), raised as
+                # subprocess raises it (OSError picks the subclass).
+                raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
             return cls(pid, pidfd=pidfd)
         kwargs: dict[str, Any] = {}
         if pass_fds:
