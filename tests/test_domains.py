@@ -325,7 +325,7 @@ async def test_a_kernel_refusing_clone3_falls_back_to_the_shim(monkeypatch: pyte
     def refused(*args: object, **kwargs: object) -> tuple[int, int]:
         raise _placement.CloneRefused(38, "clone3 refused: Function not implemented")
 
-    monkeypatch.setattr(_placement, "spawn_into", refused)
+    monkeypatch.setattr(_placement, "_spawn_with", refused)  # every clone3 the spawner makes
     monkeypatch.setattr(_cgroup, "_SPAWNS_INTO", set())
     _cgroup._probe.cache_clear()
     _cgroup._usable_root_cached.cache_clear()

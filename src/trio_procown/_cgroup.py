@@ -143,29 +143,18 @@ def spawns_into(root: str) -> bool:
 
 def _spawner_enters(probe: str) -> bool:
     """The spawner starts a process inside the cgroup `probe` (and it ran)."""
-    from ._placement import CloneRefused, compiled_spawner, spawn_into
+    from ._placement import compiled_spawner, spawner_trial
 
     if compiled_spawner() is None:
         return False
     try:
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        cgroup_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            cgroup_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                pid, pidfd = spawn_into("/bin/true", ["true"], {}, None, (null, null, null), cgroup_fd)
-            finally:
-                os.close(cgroup_fd)
+            return spawner_trial("/bin/true", ["true"], cgroup_fd, 5) == 0
         finally:
-            os.close(null)
-    except (CloneRefused, OSError):
+            os.close(cgroup_fd)
+    except OSError:  # CloneRefused included: the shim is tried instead
         return False
-    try:
-        ready = _pidfd.wait_all_exited([pidfd], 5)
-        if not ready:
-            _pidfd.send(pidfd, signal.SIGKILL)
-        return os.waitpid(pid, 0)[1] == 0 and ready
-    finally:
-        os.close(pidfd)
 
 
 @cache

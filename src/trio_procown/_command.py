@@ -498,7 +498,7 @@ async def open_owned_command(
     check_budget("kill_wait", kill_wait)
     check_budget("drain_wait", drain_wait)
     machine = Escalation(Budgets(grace, kill_wait, drain_wait), escapees, first_signal)
-    domain = await bind_domain(domain, timeout, grace + kill_wait + drain_wait)
+    domain = await bind_domain(domain, timeout, machine.budgets.total)
     argv, spawned = spawn(
         command,
         stdin=stdin,

@@ -629,7 +629,7 @@ class _Client:
         if not self.exit_hook:
             import atexit
 
-            atexit.register(_at_exit)
+            atexit.register(at_exit)
             self.exit_hook = True
         # Every open domain, as far as the pipe takes them (64 KiB, ~500 lines,
         # before the new keeper reads): one that does not fit is "lost".
@@ -759,15 +759,10 @@ def retire(wait: float = EXIT_WAIT) -> bool:
 
 
 def at_exit() -> None:
-    """What the interpreter's exit does for the keeper, for callers that
-    end the process with os._exit (_exit.exit_now)."""
-    _at_exit()
-
-
-def _at_exit() -> None:
-    # A clean exit with nothing open: goodbye, and wait (bounded) so that no
-    # keeper outlives its owner. With domains still open (a trio run in a
-    # daemon thread, say), just close: the keeper ends them.
+    """At the owner's exit (atexit, or _exit.exit_now before os._exit): with
+    nothing open, goodbye, and wait (bounded) so that no keeper outlives its
+    owner. With domains still open (a trio run in a daemon thread, say),
+    just close: the keeper ends them."""
     client = _client
     if client is None or client.owner != os.getpid() or client.fd < 0:
         return

@@ -73,6 +73,7 @@ import hashlib
 import os
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -488,8 +489,7 @@ def _function(path: str) -> Any:
     """procown_spawn from the library at `path` (loaded once per path)."""
     import ctypes
 
-    key = path
-    fn = _LOADED.get(key)
+    fn = _LOADED.get(path)
     if fn is None:
         fn = ctypes.CDLL(path).procown_spawn
         fn.restype = ctypes.c_long
@@ -505,7 +505,7 @@ def _function(path: str) -> Any:
             ctypes.POINTER(ctypes.c_int),
             ctypes.POINTER(ctypes.c_int),
         ]
-        _LOADED[key] = fn
+        _LOADED[path] = fn
     return fn
 
 
@@ -573,6 +573,34 @@ def spawn_into(
     return _spawn_with(fn, program, argv, encoded, None if cwd is None else os.fspath(cwd), fds, cgroup_fd)
 
 
+def _trial(fn: Any, program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:
+    """Run `program` through the spawner `fn` with no stdio, inside the
+    cgroup open on `cgroup_fd` (-1: none), and wait at most `timeout` for it:
+    its exit status, or None when it had to be killed. Raises what the spawn
+    raises (CloneRefused, the exec's OSError)."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        pid, pidfd = _spawn_with(fn, program, argv, [], None, (null, null, null), cgroup_fd)
+    finally:
+        os.close(null)
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        if not ready:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        status = os.waitpid(pid, 0)[1]
+    finally:
+        os.close(pidfd)
+    return os.waitstatus_to_exitcode(status) if ready else None
+
+
+def spawner_trial(program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:
+    """_trial through this process's spawner (CloneRefused without one)."""
+    path = compiled_spawner()
+    if path is None:
+        raise CloneRefused(errno.ENOSYS, "no spawner")
+    return _trial(_function(path), program, argv, cgroup_fd, timeout)
+
+
 def _spawner_works(fd: int) -> bool:
     """The spawner open on `fd` loads and starts a program (no cgroup).
 
@@ -585,24 +613,11 @@ def _spawner_works(fd: int) -> bool:
         st, via = os.fstat(fd), os.stat(path)
         if (st.st_dev, st.st_ino) != (via.st_dev, via.st_ino):
             return False
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            pid, pidfd = _spawn_with(
-                _function(path), "/bin/sh", ["sh", "-c", "exit 7"], [], None, (null, null, null), -1
-            )
-        finally:
-            os.close(null)
+        return _trial(_function(path), "/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == 7
     except CloneRefused:
         return True
     except (OSError, AttributeError):
         return False
-    try:
-        ready, _, _ = select.select([pidfd], [], [], 10)
-        if not ready:
-            os.kill(pid, 9)
-        return os.waitpid(pid, 0)[1] == 7 << 8 and bool(ready)
-    finally:
-        os.close(pidfd)
 
 
 def shim_argv(procs: str, argv: Sequence[str], name: str | None = None) -> list[str]:

@@ -53,12 +53,8 @@ _swept: set[str] = set()
 
 def cgroup_name(n: int) -> str:
     """The name of this process's `n`-th command cgroup (module comment)."""
-    return f"{_owner_prefix(os.getpid())}{n}-{os.urandom(3).hex()}{_owner_suffix(os.getpid())}"
-
-
-@functools.cache
-def _owner_prefix(pid: int) -> str:
-    return f"procown-{pid}-"
+    pid = os.getpid()
+    return f"procown-{pid}-{n}-{os.urandom(3).hex()}{_owner_suffix(pid)}"
 
 
 @functools.cache
