@@ -222,12 +222,15 @@ own = open("/proc/self/cgroup").read().split("0::", 1)[1].split()[0]
 child = os.path.join(mount, own.lstrip("/"), "inner")
 os.mkdir(child)
 r, w = os.pipe()
+r2, w2 = os.pipe()
 pid = os.fork()
 if pid == 0:
     os.setsid()  # its own session too, as a container's init would be
+    os.write(w2, b"s")  # in its own session now: outside the command's group
     os.read(r, 1)
     time.sleep(30)
     os._exit(0)
+os.read(r2, 1)
 with open(os.path.join(child, "cgroup.procs"), "w") as f:
     f.write(str(pid))
 os.write(w, b"x")
