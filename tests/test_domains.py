@@ -329,6 +329,7 @@ async def test_a_kernel_refusing_clone3_falls_back_to_the_shim(monkeypatch: pyte
         raise _placement.CloneRefused(38, "clone3 refused: Function not implemented")
 
     monkeypatch.setattr(_placement, "_spawn_with", refused)  # every clone3 the spawner makes
+    monkeypatch.setattr(_placement, "_PLAIN_REFUSED", [])  # process-group spawns fall back to Popen here
     monkeypatch.setattr(_cgroup, "_SPAWNS_INTO", set())
     _cgroup._probe.cache_clear()
     _cgroup._usable_root_cached.cache_clear()
@@ -364,3 +365,95 @@ async def test_a_refused_clone_at_spawn_time_raises_what_fork_would(monkeypatch:
     with pytest.raises(BlockingIOError):
         await trio_procown.run_owned(["true"], domain="cgroup")
     assert {n for n in set(os.listdir(root)) - before if n.startswith("procown-")} == set()
+
+
+@pytest.mark.timeout(30)
+async def test_process_group_commands_start_by_the_spawner_or_popen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process-group command starts through the spawner where clone3
+    works (no Popen behind the leader), and through Popen where clone3 is
+    refused (ENOSYS: an old kernel or a seccomp filter): the same argv[0],
+    session, environment and receipt either way."""
+    from trio_procown import _leader, _placement
+
+    made: list[_leader.Leader] = []
+    real_init = _leader.Leader.__init__
+
+    def recording(self: _leader.Leader, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(_leader.Leader, "__init__", recording)
+    monkeypatch.setattr(_placement, "_PLAIN_REFUSED", [])
+    script = 'echo "$0 $FOO"; cut -d" " -f6 /proc/$$/stat; echo $$'
+
+    async def once() -> tuple[list[str], int | None]:
+        result = await trio_procown.run_owned(
+            ["sh", "-c", script], domain="process-group", env={"FOO": "bar", "PATH": os.defpath}
+        )
+        assert result.receipt.cause == "exited"
+        assert result.receipt.domain_empty
+        assert not result.receipt.forced
+        return result.stdout.decode().split(), result.receipt.pid
+
+    words, pid = await once()
+    assert words[:2] == ["sh", "bar"]
+    assert words[2] == words[3] == str(pid)  # its own session
+    if _placement.compiled_spawner() is not None:
+        assert made[-1].popen is None
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, int]:
+        raise _placement.CloneRefused(38, "clone3 refused: Function not implemented")
+
+    monkeypatch.setattr(_placement, "spawn_into", refused)
+    words, pid = await once()
+    assert words[:2] == ["sh", "bar"]
+    assert words[2] == words[3] == str(pid)
+    assert made[-1].popen is not None
+    assert _placement._PLAIN_REFUSED == [38]
+
+
+@pytest.mark.timeout(30)
+async def test_a_refused_plain_clone_raises_what_fork_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    """clone3 refused at the process limit (EAGAIN) for a process-group
+    command raises BlockingIOError, as Popen's fork would, and does not turn
+    later commands away from the spawner."""
+    from trio_procown import _placement
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, int]:
+        raise _placement.CloneRefused(11, "clone3 refused: Resource temporarily unavailable")
+
+    monkeypatch.setattr(_placement, "_PLAIN_REFUSED", [])
+    monkeypatch.setattr(_placement, "spawn_into", refused)
+    with pytest.raises(BlockingIOError):
+        await trio_procown.run_owned(["true"], domain="process-group")
+    assert _placement._PLAIN_REFUSED == []
+
+
+@pytest.mark.parametrize(
+    ("env", "argv"),
+    [({"A=B": "1"}, ["true"]), ({"A": "x\0y"}, ["true"]), (None, ["echo", "a\0b"]), ({"": "x"}, ["true"])],
+)
+@pytest.mark.parametrize("domain", domains())
+async def test_an_unpassable_environment_or_argument_is_refused(
+    env: dict[str, str] | None, argv: list[str], domain: str
+) -> None:
+    """A variable name with '=', or a NUL inside a name, value or argument,
+    cannot reach a program intact: ValueError before anything starts, as
+    subprocess gives."""
+    before = set(_our_cgroups())
+    with pytest.raises(ValueError, match=r"environment variable name|null byte"):
+        await trio_procown.run_owned(argv, env=env, domain=domain)  # type: ignore[arg-type]
+    assert set(_our_cgroups()) == before
+
+
+async def test_the_inherited_environment_is_read_at_each_spawn() -> None:
+    """A variable set or removed between two commands is seen by the next
+    one (the encoded environment is reused only while it is unchanged)."""
+    first = await trio_procown.run_owned(["sh", "-c", 'echo "${PROCOWN_T_VAR-unset}"'])
+    os.environ["PROCOWN_T_VAR"] = "set"
+    try:
+        second = await trio_procown.run_owned(["sh", "-c", 'echo "${PROCOWN_T_VAR-unset}"'])
+    finally:
+        del os.environ["PROCOWN_T_VAR"]
+    third = await trio_procown.run_owned(["sh", "-c", 'echo "${PROCOWN_T_VAR-unset}"'])
+    assert [first.stdout, second.stdout, third.stdout] == [b"unset\n", b"set\n", b"unset\n"]

@@ -346,11 +346,14 @@ def test_spawner_in_a_writable_cache_is_not_loaded(
     assert not os.readlink(path).startswith(str(cache))
 
 
+_ENVIRON = [k + b"=" + v for k, v in os.environb.items()]
+
+
 def _spawn_and_read(argv: list[str], cwd: str | None = None) -> tuple[int, bytes]:
     r, w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pid, pidfd = _placement.spawn_into(argv[0], argv, dict(os.environ), cwd, (null, w, w), -1)
+        pid, pidfd = _placement.spawn_into(argv[0], argv, _ENVIRON, cwd, (null, w, w), -1)
     finally:
         os.close(w)
         os.close(null)
@@ -417,7 +420,7 @@ def test_spawner_keeps_stdio_given_in_any_order(fresh_spawner: Path) -> None:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
             pid, pidfd = _placement.spawn_into(
-                "/bin/sh", ["sh", "-c", "echo out; echo err >&2"], dict(os.environ), None, (null, 1, 1), -1
+                "/bin/sh", ["sh", "-c", "echo out; echo err >&2"], _ENVIRON, None, (null, 1, 1), -1
             )
         finally:
             os.close(null)

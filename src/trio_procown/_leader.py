@@ -1,8 +1,10 @@
 # The direct process ("leader") of an owned command.
 #
-# We spawn with subprocess.Popen (vfork + exec, the cheapest spawn Python
-# offers that also supports cwd and a new session) and then hold the child
-# through a pidfd. The leader is *never reaped before the domain teardown is
+# We spawn through the spawner (_shim/spawn_into.c: clone3 with CLONE_VFORK
+# and CLONE_PIDFD, as posix_spawn, with setsid, the stdio and cwd), which
+# hands back the pidfd with the pid, or with subprocess.Popen (vfork + exec)
+# where the spawner cannot be built or clone3 is refused, and then hold the
+# child through a pidfd. The leader is *never reaped before the domain teardown is
 # over*: while it is an unreaped zombie its pid, and so the process-group id
 # equal to it, cannot be handed to another process, which is what makes
 # killpg() on that id safe. Its exit status is read with
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import _pidfd, _procfs
@@ -76,15 +78,17 @@ class Leader:
         stdout: int,
         stderr: int,
         cwd: str | os.PathLike[str] | None,
-        env: Mapping[str, str],
+        env: Sequence[bytes],
         pass_fds: Sequence[int] = (),
         executable: str | None = None,
         cgroup_fd: int | None = None,
     ) -> Leader:
         """Start `argv` in a new session (the file `executable`, by default
-        argv[0]); with `cgroup_fd`, inside that cgroup from its first
-        instruction (clone3 through the spawner, _placement.spawn_into).
-        Raises the OSError the OS gave."""
+        argv[0]; its environment the KEY=value entries `env`); with
+        `cgroup_fd`, inside that cgroup from its first instruction. Both go
+        through the spawner (clone3, _placement.spawn_into); without a
+        cgroup, Popen where there is no spawner or clone3 is refused here,
+        and for `pass_fds`. Raises the OSError the OS gave."""
         if _DEFERRED:
             reap_deferred()
         if cgroup_fd is not None:
@@ -108,6 +112,14 @@ class Leader:
                 # subprocess raises it (OSError picks the subclass).
                 raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
             return cls(pid, pidfd=pidfd)
+        if not pass_fds:
+            from ._placement import spawn_plain
+
+            plain = spawn_plain(
+                argv[0] if executable is None else executable, argv, env, cwd, (stdin, stdout, stderr)
+            )
+            if plain is not None:
+                return cls(plain[0], pidfd=plain[1])
         kwargs: dict[str, Any] = {}
         if pass_fds:
             kwargs["pass_fds"] = tuple(pass_fds)
@@ -118,7 +130,7 @@ class Leader:
             stdout=stdout,
             stderr=stderr,
             cwd=cwd,
-            env=dict(env),
+            env={k: v for k, _, v in (e.partition(b"=") for e in env)},
             start_new_session=True,
             close_fds=True,
             **kwargs,

@@ -77,7 +77,7 @@ import signal
 import stat
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 SH_SHIM_ENV = "TRIO_PROCOWN_SH_SHIM"
@@ -529,7 +529,12 @@ def _spawn_with(
         return (ctypes.c_char_p * (len(items) + 1))(*items, None)
 
     pidfd, error = ctypes.c_int(-1), ctypes.c_int(0)
-    c_argv = array([os.fsencode(a) for a in argv])
+    args = [os.fsencode(a) for a in argv]
+    # C strings end at the first NUL: refuse one inside, as subprocess does.
+    if any(b"\0" in x for x in (*args, *env)) or "\0" in program or (cwd is not None and "\0" in cwd):
+        msg = "embedded null byte"
+        raise ValueError(msg)
+    c_argv = array(args)
     c_env = array(list(env))
     pid = fn(
         os.fsencode(program),
@@ -557,7 +562,7 @@ def _spawn_with(
 def spawn_into(
     program: str,
     argv: Sequence[str],
-    env: Mapping[str, str],
+    env: Sequence[bytes],
     cwd: str | os.PathLike[str] | None,
     fds: tuple[int, int, int],
     cgroup_fd: int,
@@ -568,9 +573,38 @@ def spawn_into(
     path = compiled_spawner()
     if path is None:
         raise CloneRefused(errno.ENOSYS, "no spawner")
-    fn = _function(path)
-    encoded = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
-    return _spawn_with(fn, program, argv, encoded, None if cwd is None else os.fspath(cwd), fds, cgroup_fd)
+    return _spawn_with(
+        _function(path), program, argv, env, None if cwd is None else os.fspath(cwd), fds, cgroup_fd
+    )
+
+
+# Set when clone3 was refused here for a spawn with no cgroup (ENOSYS on an
+# old kernel, EPERM or ENOSYS from a container's seccomp filter):
+# process-group commands go through subprocess.Popen from then on.
+_PLAIN_REFUSED: list[int] = []
+
+
+def spawn_plain(
+    program: str,
+    argv: Sequence[str],
+    env: Sequence[bytes],
+    cwd: str | os.PathLike[str] | None,
+    fds: tuple[int, int, int],
+) -> tuple[int, int] | None:
+    """Start `program` (its argv `argv`, its environment the KEY=value
+    entries `env`) in a new session through the spawner, in our own cgroup:
+    its pid and pidfd, or None where there is no spawner or clone3 is
+    refused here (the caller uses Popen). Raises the exec's OSError as
+    subprocess does, and what a fork would raise at a resource limit."""
+    if _PLAIN_REFUSED:
+        return None
+    try:
+        return spawn_into(program, argv, env, cwd, fds, -1)
+    except CloneRefused as exc:
+        if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+            raise OSError(exc.errno, os.strerror(exc.errno)) from None
+        _PLAIN_REFUSED.append(exc.errno or errno.ENOSYS)
+        return None
 
 
 def _trial(fn: Any, program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:

@@ -88,6 +88,36 @@ def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str
     return argv
 
 
+# Our own environment, encoded, as last seen: (a copy of os.environ's
+# bytes, the key left out, its other KEY=value entries). Most commands
+# inherit it unchanged, so it is encoded once, not once per spawn.
+_OURS: tuple[dict[bytes, bytes], bytes, list[bytes]] = ({}, b"", [])
+
+
+def child_environment(env: Mapping[str, str] | None, key: str, value: str) -> list[bytes]:
+    """The child's environment as KEY=value entries: `env` (None: ours, as
+    it is now) with `key` set to `value`."""
+    global _OURS
+    extra = os.fsencode(key) + b"="
+    if env is None:
+        data: dict[bytes, bytes] | None = getattr(os.environ, "_data", None)
+        if isinstance(data, dict):
+            if data != _OURS[0] or extra != _OURS[1]:
+                kept = [k + b"=" + v for k, v in data.items() if k + b"=" != extra]
+                _OURS = (dict(data), extra, kept)
+            return [*_OURS[2], extra + os.fsencode(value)]
+        env = os.environ
+    entries = []
+    for k, v in env.items():
+        name = os.fsencode(k)
+        if not name or b"=" in name:
+            msg = f"illegal environment variable name: {k!r}"
+            raise ValueError(msg)
+        if k != key:
+            entries.append(name + b"=" + os.fsencode(v))
+    return [*entries, extra + os.fsencode(value)]
+
+
 def given_name(command: Command, argv: Sequence[str]) -> str:
     """The command's argv[0] as the caller gave it (resolve_argv puts the
     program's path in its place)."""
@@ -140,9 +170,8 @@ def spawn(
         msg = "stdout cannot be merged into itself"
         raise ValueError(msg)
     census = Census(escapees, Census.inherited(os.environ, env))
-    child_env = dict(os.environ if env is None else env)
-    child_env[COOKIE_VAR] = census.value
-    argv = resolve_argv(command, cwd, child_env.get("PATH", os.defpath))
+    child_env = child_environment(env, COOKIE_VAR, census.value)
+    argv = resolve_argv(command, cwd, (os.environ if env is None else env).get("PATH", os.defpath))
     check_cwd(cwd)
     own_domain = make_domain(domain)
     if subreaper:
