@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test chaos lint typecheck check bench bench-quick clean
+.PHONY: demo test chaos lint typecheck check bench bench-quick quote clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,14 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	touch $(BENCH_STAMP)
 
+# A full run rewrites the figures README.md and docs/comparison.md quote
+# (benchmarks/quote.py; tests/test_docs.py fails when they drift).
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.quote
+
+quote: $(STAMP)
+	$(PY) -m benchmarks.quote
 
 # HTML documentation (Sphinx), warnings as errors; the docs extra is
 # installed into the venv on first use.

@@ -695,11 +695,14 @@ async def run(cfg: Config) -> Section:
     for p in all_points:
         for e in p.errors:
             section.notes.append(e)
-    section.data = {
-        "tree": {f"{n} {d}": p.to_dict() for (n, d), p in trees.items()},
-        "concurrent": {f"{k} {d}": p.to_dict() for (k, d), p in many.items()},
-        "peers_tree": {f"{n} {key}": p.to_dict() for (key, n), p in peer_trees.items()},
-        "peers_concurrent": {f"{k} {key}": p.to_dict() for (key, k), p in peer_many.items()},
-        "peer_labels": {key: BY_KEY[key].label for key in PEER_KEYS},
-    }
+    # update, not replace: _mass() stored its points under "mass" already.
+    section.data.update(
+        {
+            "tree": {f"{n} {d}": p.to_dict() for (n, d), p in trees.items()},
+            "concurrent": {f"{k} {d}": p.to_dict() for (k, d), p in many.items()},
+            "peers_tree": {f"{n} {key}": p.to_dict() for (key, n), p in peer_trees.items()},
+            "peers_concurrent": {f"{k} {key}": p.to_dict() for (key, k), p in peer_many.items()},
+            "peer_labels": {key: BY_KEY[key].label for key in PEER_KEYS},
+        }
+    )
     return section

@@ -53,6 +53,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import json
 import os
 import re
 import shlex
@@ -539,3 +540,63 @@ def test_examples_are_collected() -> None:
 def test_fragments_are_few() -> None:
     skipped = [b.id for b in EXAMPLES if b.option("skip") is not None]
     assert len(skipped) <= 3, skipped
+
+
+# -- the benchmark figures quoted in the prose ------------------------------------------
+
+QUOTE = [sys.executable, "-m", "benchmarks.quote"]
+
+
+async def test_benchmark_quotes_are_current() -> None:
+    """README.md and docs/comparison.md quote benchmarks/results/latest.json
+    (the run's header, the correctness table, the cost figures and their
+    targets' verdicts) between ``<!-- quote:NAME -->`` markers: the quotes
+    are what ``python -m benchmarks.quote`` renders from the committed
+    results (no benchmark is run)."""
+    status, text = await run_command([*QUOTE, "--check"], ROOT)
+    assert status == 0, (
+        f"the quoted figures drifted from the results; run `python -m benchmarks.quote`:\n{text}"
+    )
+
+
+async def test_benchmark_quotes_follow_the_verdicts(tmp_path: Path) -> None:
+    """The verdict phrases follow the data: the committed results with some
+    targets flipped, and at every mass-teardown point no block past its
+    bound but a 1 s event-loop stall, rendered into copies."""
+    results = ROOT / "benchmarks" / "results"
+    data = json.loads((results / "latest.json").read_text(encoding="utf-8"))
+    verdicts = {
+        "run_owned process-group / trio.run_process capture": "met",
+        "run_owned cgroup / trio.run_process capture": "met",
+        "deadline→return upper bound, cgroup": "met",
+        "deadline→return upper bound, process-group": "MISSED",
+        "procown run -- true / import trio": "met",
+    }
+    for section in data["sections"]:
+        for target in section["targets"]:
+            target["verdict"] = verdicts.get(target["name"], target["verdict"])
+        for point in section["data"].get("mass", {}).values() if section["key"] == "scaling" else []:
+            point["blocks_over_limit"], point["max_loop_stall_seconds"] = [0], [1.0]
+    (tmp_path / "latest.json").write_text(json.dumps(data), encoding="utf-8")
+    lines = (results / "latest.md").read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):  # the mass-teardown table, for results without "mass" in the JSON
+        cells = line.split(" | ")
+        if len(cells) == 11 and cells[2] in ("cgroup", "process-group") and "/" in cells[5]:
+            cells[5], cells[7] = f"0/{cells[0].strip('| ')}", "1000.00"
+            lines[i] = " | ".join(cells)
+    (tmp_path / "latest.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    status, text = await run_command(
+        [*QUOTE, "--results", str(tmp_path / "latest.json"), "--out-dir", str(tmp_path / "out")], ROOT
+    )
+    assert status == 0, text
+    readme = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    for phrase in [
+        "process-group, ≤ 1.30 x for cgroup) were met.",
+        "target of ≤ 20 ms was met for cgroup, missed for process-group in this run.",
+        "the target of ≤ 1.15 x was met\n  in this run",
+        "every block within its\n  bound, 0 survivors, but the event loop stalled up to 1000.00 ms",
+        "0 survivors, and\n  every block ended within its bound, but the event\n"
+        "  loop stalled up to 1000.00 ms",
+        "the target of every block within its bound was met there,\n  that of a stall ≤ 20 ms missed.",
+    ]:
+        assert phrase in readme, phrase
