@@ -361,6 +361,8 @@ class OwnedCommand:
         meanwhile does not cut the wait short: it is returned, for the
         caller to re-raise once the teardown is done."""
         interrupted: KeyboardInterrupt | None = None
+        if self._done.is_set() or self.handoff is not None:
+            return interrupted
         with trio.CancelScope(shield=True, deadline=trio.current_time() + self.teardown_bound):
             while not self._done.is_set() and self.handoff is None:
                 try:
@@ -529,7 +531,7 @@ async def open_owned_command(
                 except GeneratorExit:
                     spawned.leader.kill_now()
                     raise
-                if run.handoff is None:
+                if run.handoff is None and not run._done.is_set():
                     await run._done.wait()
             except BaseException as exc:
                 caught = exc

@@ -208,12 +208,16 @@ class Teardown:
             return machine.handle(emptied)
         if action is Do.WAIT_DRAIN:
             budget = machine.budget()
-            with trio.move_on_after(budget) as scope:
-                for drain in self._drains.values():
-                    await drain.done.wait()
-            outcome = "expired" if scope.cancelled_caught else "eof"
+            expired = False
+            pending = [drain for drain in self._drains.values() if not drain.done.is_set()]
+            if pending:
+                with trio.move_on_after(budget) as scope:
+                    for drain in pending:
+                        await drain.done.wait()
+                expired = scope.cancelled_caught
+            outcome = "expired" if expired else "eof"
             self.step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
-            return machine.handle(Event.EXPIRED if scope.cancelled_caught else Event.EOF)
+            return machine.handle(Event.EXPIRED if expired else Event.EOF)
         if action is Do.ABANDON_DRAIN:
             for drain in self._drains.values():
                 if not drain.done.is_set():
