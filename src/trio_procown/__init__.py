@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._errors import ProcownError as ProcownError
     from ._errors import ServiceError as ServiceError
     from ._errors import ServiceNotReady as ServiceNotReady
+    from ._handoff import HandoffReceipt as HandoffReceipt
     from ._leaks import LeakedProcess as LeakedProcess
     from ._leaks import NoLeaks as NoLeaks
     from ._ready import ready_file as ready_file
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from ._ready import ready_port as ready_port
     from ._ready import ready_when as ready_when
     from ._receipt import Action as Action
-    from ._receipt import HandoffReceipt as HandoffReceipt
     from ._receipt import ProcessRecord as ProcessRecord
     from ._receipt import Receipt as Receipt
     from ._receipt import Step as Step
@@ -72,7 +72,7 @@ _CORE = {
     "ServiceError": "_errors",
     "ServiceNotReady": "_errors",
     "Action": "_receipt",
-    "HandoffReceipt": "_receipt",
+    "HandoffReceipt": "_handoff",
     "ProcessRecord": "_receipt",
     "Receipt": "_receipt",
     "Step": "_receipt",

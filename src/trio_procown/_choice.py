@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from . import _cgroup
 from ._domain import Domain, ProcessGroupDomain
 from ._errors import DomainUnavailable
-from ._slurm import SlurmDomain
+
+if TYPE_CHECKING:
+    from ._slurm import SlurmDomain
 
 # A domain by name, or a SlurmDomain (the Slurm domain with its options).
-DomainName = Literal["auto", "cgroup", "process-group", "slurm"] | SlurmDomain
+# _slurm.py is imported only when the Slurm domain is asked for (by name or
+# by a SlurmDomain, which cannot exist before that module is imported).
+DomainName: TypeAlias = 'Literal["auto", "cgroup", "process-group", "slurm"] | SlurmDomain'
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,20 +87,26 @@ async def bind_domain(choice: DomainName, timeout: float | None, budgets: float)
     domain gets the job's time limit (timeout + the teardown budgets) and is
     checked with the controller (bounded, without blocking the loop); names
     of local domains are returned as they are."""
-    if choice == "slurm":
-        choice = SlurmDomain()
-    if isinstance(choice, SlurmDomain):
-        spec = choice.bound(timeout, budgets)
-        return await spec.checked_for(["true"])
+    if choice == "slurm" or not isinstance(choice, str):
+        from ._slurm import SlurmDomain
+
+        if choice == "slurm":
+            choice = SlurmDomain()
+        if isinstance(choice, SlurmDomain):
+            spec = choice.bound(timeout, budgets)
+            return await spec.checked_for(["true"])
     return choice
 
 
 def make_domain(choice: DomainName) -> Domain:
     """A fresh domain instance for one command."""
-    if isinstance(choice, SlurmDomain):
-        return choice.make()
-    if choice == "slurm":
-        return SlurmDomain().make()
+    if choice == "slurm" or not isinstance(choice, str):
+        from ._slurm import SlurmDomain
+
+        if isinstance(choice, SlurmDomain):
+            return choice.make()
+        if choice == "slurm":
+            return SlurmDomain().make()
     if choice == "auto":
         choice = auto_choice().name  # type: ignore[assignment]
     if choice == "cgroup":

@@ -48,12 +48,13 @@ from ._escalation import (
     Event,
     graceful_signals,
 )
-from ._receipt import Action, Cause, HandoffReceipt, Receipt
+from ._receipt import Action, Cause, Receipt
 from ._spawn import CAPTURE, DEVNULL, INHERIT, STDOUT, Command, Spawned, Target, check_budget, spawn
 from ._stdin import StdinSource
 from ._teardown import TEARDOWN_ALLOWANCE, Teardown
 
 if TYPE_CHECKING:
+    from ._handoff import HandoffReceipt
     from ._service import ServiceOwner
 
 __all__ = [
@@ -226,6 +227,8 @@ class OwnedCommand:
         self._deadline = math.inf
         step = self._teardown.step(Action.HANDOFF, "owner", f"to {owner.name}: {reason}")
         b = self._teardown.machine.budgets
+        from ._handoff import HandoffReceipt  # here: most processes never hand off (start-up cost)
+
         self.handoff = HandoffReceipt(
             pid=self.pid,
             command=self.command,

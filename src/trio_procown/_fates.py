@@ -22,21 +22,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import _procfs
 from ._procfs import ProcInfo
 from ._receipt import ProcessRecord
 
 
-@dataclass(slots=True)
 class _Watched:
-    pid: int
-    start: int
-    cmdline: str
-    alive_at_term: bool = False
-    alive_at_kill: bool = False
-    gone: bool = False
+    """One watched process and what was seen of it. (A plain class, not a
+    dataclass: a dataclass costs about a millisecond to create at import.)"""
+
+    __slots__ = ("alive_at_kill", "alive_at_term", "cmdline", "gone", "pid", "start")
+
+    def __init__(self, pid: int, start: int, cmdline: str) -> None:
+        self.pid = pid
+        self.start = start
+        self.cmdline = cmdline
+        self.alive_at_term = False
+        self.alive_at_kill = False
+        self.gone = False
+
+    def __repr__(self) -> str:
+        return (
+            f"_Watched(pid={self.pid!r}, start={self.start!r}, cmdline={self.cmdline!r}, "
+            f"alive_at_term={self.alive_at_term!r}, alive_at_kill={self.alive_at_kill!r}, gone={self.gone!r})"
+        )
 
 
 class Fates:

@@ -43,8 +43,9 @@ from ._command import (
     open_owned_command,
 )
 from ._errors import OwnerClosed, ServiceError, ServiceNotReady
+from ._handoff import HandoffReceipt
 from ._ready import Readiness, await_ready
-from ._receipt import HandoffReceipt, Receipt
+from ._receipt import Receipt
 from ._spawn import Command
 
 RestartPolicy = Literal["never", "on-failure", "always"]
