@@ -456,10 +456,12 @@ _warm: set[str] = set()
 
 
 def warm_up(domain: str) -> None:
-    """One plain command per domain, so lazy one-time setup (probe, shim) is not counted as a leak."""
+    """One plain command per domain, and one that is signalled, so lazy one-time setup (probe,
+    shim, the signaller thread) is not counted as a leak."""
     if domain in _warm:
         return
     trio.run(functools.partial(trio_procown.run_owned, ["true"], domain=domain))  # type: ignore[arg-type]
+    trio.run(functools.partial(trio_procown.run_owned, ["sleep", "5"], domain=domain, timeout=0))  # type: ignore[arg-type]
     _warm.add(domain)
 
 

@@ -338,6 +338,9 @@ class OwnedCommand:
             self._teardown.machine.graceful = graceful_signals(first_signal)
         if self._stop_cause is None:
             self._stop_cause = cause
+        if self._teardown.requested is None and self.phase.value == "running":
+            # The teardown's bound counts from now, however late its task runs.
+            self._teardown.requested = trio.current_time()
         self._life_scope.cancel()
 
     def stop_reading(self, name: Literal["stdout", "stderr"]) -> None:
@@ -416,7 +419,11 @@ class OwnedCommand:
             teardown.machine.handle(Event.LEADER_EXITED)
         else:
             cause: Cause = self._stop_cause or "timed_out"
-            teardown.step(Action.STOP, "leader", cause)
+            if self._stop_cause is None and teardown.requested is None:
+                # Our own deadline: the teardown counts from it, not from
+                # when this task got to run.
+                teardown.requested = min(self._deadline, trio.current_time())
+            teardown.step(Action.STOP, "leader", cause, at=teardown.requested)
             teardown.machine.handle(Event.STOP, cause=cause)
         self.phase.value = "tearing down"
         self.receipt = await teardown.run()

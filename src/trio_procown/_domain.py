@@ -276,11 +276,37 @@ def killpg_owned(pgid: int, sig: int) -> bool:
     has no process. Other errors (EPERM) propagate for the caller to record."""
     if pgid <= 1 or pgid == os.getpgrp():
         return False
+    fn = _libc_killpg()
+    if fn is not None and os.killpg is _OS_KILLPG:
+        import ctypes
+
+        if fn(pgid, sig) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.ESRCH:
+            return False
+        raise OSError(err, os.strerror(err))
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
     return True
+
+
+_OS_KILLPG = os.killpg
+
+
+@functools.cache
+def _libc_killpg() -> Callable[[int, int], int] | None:
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).killpg
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _still_in_group(info: ProcInfo, pgid: int) -> bool:

@@ -268,21 +268,25 @@ def _snapshot(ranges: list[tuple[int, int]] | None) -> Rows:
 
 async def _snapshot_in_slices() -> Rows:
     """A full scan (as _snapshot(None)) that yields to the event loop every
-    SCAN_SLICE seconds."""
+    SCAN_SLICE seconds (longer slices when it is starved: see SCAN_SHARE)."""
     if not IS_LINUX:
         return _snapshot(None)
     rows = Rows()
     pids = list(_all_pids())
     at = 0
+    span = SCAN_SLICE
     while at < len(pids):
-        until = time.perf_counter() + SCAN_SLICE
+        until = time.perf_counter() + span
         while at < len(pids) and time.perf_counter() < until:
             info = read_stat(pids[at])
             at += 1
             if info is not None:
                 rows.append(info)
         if at < len(pids):
+            paused = time.perf_counter()
             await trio.lowlevel.checkpoint()
+            waited = time.perf_counter() - paused
+            span = min(SCAN_SLICE_MAX, max(SCAN_SLICE, waited * SCAN_SHARE))
     return rows
 
 
@@ -359,6 +363,17 @@ class _CookieIndex:
 # long, so that other tasks (and the loop's I/O) are never held up much
 # longer than that by a scan.
 SCAN_SLICE = 0.004
+# ... unless the scan is starved: a full scan gets one slice per turn of the
+# loop, and when 2,000 teardowns are busy a turn lasts 50-400 ms, so at 4 ms
+# a turn a scan of 10,000 processes took 1.5-2.5 s and the teardowns waiting
+# for it ran past their deadlines. A scan that waited W for its turn scans
+# for SCAN_SHARE * W (at least SCAN_SLICE, at most SCAN_SLICE_MAX, which
+# stays under the 20 ms loop stall the project allows).
+SCAN_SHARE = 0.25
+SCAN_SLICE_MAX = 0.015
+# A shared table is handed to at most this many waiting teardowns per turn
+# of the loop (see _Coalescer._scan).
+WAKE_CHUNK = 32
 
 
 class ProcessTable:
@@ -518,7 +533,8 @@ def environ_entry(pid: int, key: bytes, unreadable: set[int] | None = None) -> b
 
 class _Round:
     def __init__(self) -> None:
-        self.done = trio.Event()
+        self.done = trio.Event()  # the round is over (its requesters were all handed the table)
+        self.waiting = trio.lowlevel.ParkingLot()  # its requesters
         self.table: ProcessTable | None = None
         self.error: BaseException | None = None
         # Environments to read before the table is handed out: key -> the
@@ -548,7 +564,7 @@ class _Coalescer:
         if cookie_key is not None:
             known = this.environs.get(cookie_key)
             this.environs[cookie_key] = started_since if known is None else min(known, started_since)
-        await this.done.wait()
+        await this.waiting.park()  # joined before the scan began: unparked once it is over
         if this.table is None:
             msg = f"the shared process table scan failed: {this.error!r}"
             raise RuntimeError(msg)
@@ -573,9 +589,18 @@ class _Coalescer:
         finally:
             if self._next is this:
                 self._next = None
-            if self._running is this:
-                self._running = None
-            this.done.set()
+            try:
+                # Hand the table out WAKE_CHUNK requesters per turn of the
+                # loop: each goes on with a teardown step (~0.3 ms), and
+                # 2,000 woken together held the loop for 0.2-0.6 s.
+                while len(this.waiting) > WAKE_CHUNK:
+                    this.waiting.unpark(count=WAKE_CHUNK)
+                    await trio.lowlevel.checkpoint()
+            finally:
+                this.waiting.unpark_all()
+                if self._running is this:
+                    self._running = None
+                this.done.set()
 
 
 _COALESCER: trio.lowlevel.RunVar[_Coalescer] = trio.lowlevel.RunVar("trio_procown_scans")

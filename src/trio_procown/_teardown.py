@@ -16,7 +16,14 @@
 # When the leader exited by itself, steps 1-4 run only if the domain still
 # holds live processes (owned work that outlived it). The whole runs in a
 # shielded cancel scope whose deadline is grace + kill_wait + drain_wait +
-# TEARDOWN_ALLOWANCE. If the loop was starved past that deadline, the machine
+# TEARDOWN_ALLOWANCE, counted from the stop request (the owner sets
+# `requested`), not from when this task got to run: on a loaded loop the two
+# differ, and the receipt must not hide the difference. The domain's signals
+# of steps 1 and 3 are sent by the signaller thread (_signaller.py) while the
+# loop goes on; the wait for them is bounded by that same deadline (an
+# action still queued then is withdrawn and recorded as not sent; the
+# forced fallback below signals from the loop itself). If the loop was
+# starved past that deadline, the machine
 # is told (DEADLINE): SIGKILL now unless already sent, a last wait of at most
 # CUT_SHORT_WAIT, then the receipt from what is seen (a process table shared
 # with the other starved teardowns, at most CUT_SHORT_SCAN more: when 2,000
@@ -31,15 +38,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
+import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import trio
 
-from . import _procfs
+from . import _procfs, _signaller
 from ._census import COOKIE_KEY
-from ._domain import Sent, describe_error
+from ._domain import Sent, describe_error, signal_names
 from ._escalation import Do, Escalation, Event
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
@@ -58,6 +68,10 @@ CUT_SHORT_WAIT = 0.25
 # two stay within the owner's own wait (OwnedCommand.teardown_bound, one
 # more TEARDOWN_ALLOWANCE).
 CUT_SHORT_SCAN = 0.2
+# A signalling action already under way in the signaller thread when the
+# deadline passed (a few system calls): how long to wait for its evidence.
+# If it is still running after that, the leader is not reaped (see _finish).
+IN_FLIGHT_WAIT = 0.05
 
 _FORCE = (signal.SIGKILL,)
 
@@ -91,6 +105,14 @@ class Teardown:
         # Past the deadline: when the question a scan must answer was asked
         # (a shared table begun after it answers it; see table_since).
         self._asked = -math.inf
+        # When the stop was asked for (trio time), set by the owner: the
+        # teardown's deadline counts from then, not from when its task got
+        # to run (on a loaded loop that can be much later).
+        self.requested: float | None = None
+        # A signalling action that started in the signaller thread and had
+        # not finished when the teardown stopped waiting for it: the leader
+        # must not be reaped while it may still be signalled.
+        self._in_flight: _signaller.Job[Sent] | None = None
 
     @property
     def budget(self) -> float:
@@ -98,9 +120,17 @@ class Teardown:
         return self.machine.budgets.total + TEARDOWN_ALLOWANCE
 
     def step(
-        self, action: Action, target: str, detail: str = "", outcome: str = "", signals: tuple[str, ...] = ()
+        self,
+        action: Action,
+        target: str,
+        detail: str = "",
+        outcome: str = "",
+        signals: tuple[str, ...] = (),
+        at: float | None = None,
     ) -> Step:
-        step = Step(trio.current_time() - self.spawned.started, action, target, detail, outcome, signals)
+        """Record a step, at `at` (trio time) if given, else now."""
+        when = trio.current_time() if at is None else at
+        step = Step(when - self.spawned.started, action, target, detail, outcome, signals)
         self.steps.append(step)
         return step
 
@@ -117,9 +147,13 @@ class Teardown:
         the receipt (always one)."""
         if self.spawned.feeder is not None:
             self.spawned.feeder.scope.cancel()
-        deadline = trio.current_time() + self.budget
-        with trio.CancelScope(deadline=deadline, shield=True):
-            await self._run()
+        # The bound counts from the stop request when there was one: the
+        # delay before this task ran is part of the teardown's time.
+        now = trio.current_time()
+        deadline = (now if self.requested is None else min(self.requested, now)) + self.budget
+        if deadline > now:  # else the loop was starved past the whole bound: straight to the fallback
+            with trio.CancelScope(deadline=deadline, shield=True):
+                await self._run()
         try:
             if self.receipt is None:
                 # The loop was starved past the teardown's deadline, or an
@@ -190,7 +224,7 @@ class Teardown:
             # the domain's wait.
             sigs = machine.graceful
             self._fates.before_signal(None, kill=False)
-            self._signal_step("domain", self._domain.signal_graceful(sigs), sigs)
+            await self._send(functools.partial(self._domain.signal_graceful, sigs), sigs)
             table = await self._table()
             escapees = census.scan(self._domain, table)
             if escapees and machine.signals_escapees:
@@ -198,7 +232,8 @@ class Teardown:
             emptied = await self._wait_empty(escapees, machine.budget(), "grace", sigs, table.rows)
             return machine.handle(emptied)
         if action is Do.SIGNAL_FORCE:
-            self._force()
+            self._fates.before_signal(None, kill=True)
+            await self._send(self._domain.force, _FORCE)
             escapees = []
             if machine.signals_escapees:
                 escapees = census.scan(self._domain, await self._table())
@@ -233,9 +268,66 @@ class Teardown:
         msg = f"unexpected action {action!r}"  # pragma: no cover - the machine has no other actions
         raise AssertionError(msg)
 
-    def _signal_step(self, target: str, sent: Sent, sigs: tuple[int, ...], note: str = "") -> None:
+    def _signal_step(
+        self, target: str, sent: Sent, sigs: tuple[int, ...], note: str = "", at: float | None = None
+    ) -> None:
         outcome = f"failed: {sent.failed}" if sent.failed else note
-        self.step(Action.SIGNAL, target, sent.detail, outcome, _names(sigs))
+        self.step(Action.SIGNAL, target, sent.detail, outcome, _names(sigs), at)
+
+    async def _send(self, act: Callable[[], Sent], sigs: tuple[int, ...]) -> None:
+        """Perform the domain's signalling action `act` in the signaller
+        thread (see _signaller.py: the loop keeps running meanwhile) and
+        record its step, stamped when it was performed. The wait is bounded
+        by the teardown's deadline: an action that had not started by then
+        never does (a step says so); one that had is waited for a little
+        longer, for its evidence."""
+        submitted = trio.current_time()
+        job = _signaller.submit(act)
+        try:
+            await job.done.wait()
+        except trio.Cancelled:
+            if job.cancel():
+                self.step(
+                    Action.SIGNAL,
+                    "domain",
+                    f"{signal_names(sigs)} not sent: the teardown's deadline passed "
+                    "while the action waited for the signaller thread",
+                    "not sent",
+                    _names(sigs),
+                )
+                raise
+            with trio.CancelScope(deadline=trio.current_time() + IN_FLIGHT_WAIT, shield=True):
+                await job.done.wait()
+            if job.done.is_set() and job.error is not None:
+                error = job.error
+                self.step(Action.ERROR, "domain", f"signal: {type(error).__name__}: {error}", "failed")
+            elif job.done.is_set():
+                self._record_sent(job, submitted, sigs)
+            else:
+                self._in_flight = job
+                self.step(
+                    Action.SIGNAL,
+                    "domain",
+                    f"{signal_names(sigs)}: still being sent when the teardown's deadline passed",
+                    "unknown",
+                    _names(sigs),
+                )
+            raise
+        self._record_sent(job, submitted, sigs)
+
+    def _record_sent(self, job: _signaller.Job[Sent], submitted: float, sigs: tuple[int, ...]) -> None:
+        if job.error is not None:
+            raise job.error  # an unforeseen failure: _run records it as an error step
+        assert job.result is not None
+        # Stamped when the worker began sending, in trio time (never before
+        # the request: the clock may be a test's).
+        at = max(submitted, trio.current_time() - (time.perf_counter() - job.started))
+        self._signal_step("domain", job.result, sigs, at=at)
+
+    def _signalling(self) -> bool:
+        """Is a signalling action to the domain still under way (one the
+        teardown stopped waiting for)? Then the leader must stay unreaped."""
+        return self._in_flight is not None and self._in_flight.running
 
     def _force(self, note: str = "") -> None:
         """SIGKILL to the domain, whatever the OS answers."""
@@ -353,7 +445,15 @@ class Teardown:
         domain_empty = domain.is_empty(table.rows)
         escaped = self._census.scan(domain, table)
         leader_alive = leader.alive
-        if leader.reap():
+        if self._signalling():
+            leader.defer()
+            self.step(
+                Action.REAP,
+                "leader",
+                "a signal to its domain may still be under way: reaped later, at a later spawn",
+                "not reaped",
+            )
+        elif leader.reap():
             self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
         else:
             leader.defer()
@@ -428,7 +528,7 @@ class Teardown:
         self.step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
         leader = self._leader
         try:
-            if not leader.reap():
+            if self._signalling() or not leader.reap():
                 leader.defer()
             self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
         except Exception:

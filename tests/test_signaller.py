@@ -1,0 +1,147 @@
+"""The teardown's signals go through a worker thread (_signaller.py), so a mass
+teardown does not stall the event loop; every wait for it stays bounded, and the
+teardown's bound counts from the stop request, not from when its task ran."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+import trio_procown
+from conftest import py
+from helpers import domains
+from trio_procown import _signaller
+from trio_procown._receipt import Action
+from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLOWANCE
+
+SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
+BUDGETS = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
+BUDGET = sum(BUDGETS.values()) + TEARDOWN_ALLOWANCE
+
+
+@pytest.fixture
+def stuck_worker() -> Iterator[threading.Event]:
+    """The signaller's worker busy with an action that does not end until
+    the test sets the event (what a worker starved of CPU looks like)."""
+    release = threading.Event()
+    started = threading.Event()
+
+    def block() -> None:
+        started.set()
+        release.wait(30)
+
+    async def occupy() -> None:
+        _signaller.submit(block)
+
+    trio.run(occupy)
+    assert started.wait(5)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+async def test_an_action_runs_in_the_worker_thread() -> None:
+    job = _signaller.submit(threading.get_ident)
+    with trio.fail_after(5):
+        await job.done.wait()
+    assert job.error is None
+    assert job.result is not None
+    assert job.result != threading.get_ident()
+    assert not job.running
+
+
+async def test_an_action_failure_is_handed_back() -> None:
+    def fail() -> None:
+        raise OSError(1, "refused")
+
+    job = _signaller.submit(fail)
+    with trio.fail_after(5):
+        await job.done.wait()
+    assert isinstance(job.error, OSError)
+
+
+async def test_a_cancelled_action_never_runs(stuck_worker: threading.Event) -> None:
+    ran: list[bool] = []
+    job = _signaller.submit(lambda: ran.append(True))
+    assert job.cancel()  # queued behind the stuck one: withdrawn
+    stuck_worker.set()
+    after = _signaller.submit(lambda: None)
+    with trio.fail_after(5):
+        await after.done.wait()
+    assert not ran
+    assert not job.done.is_set()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("domain", domains())
+async def test_a_stuck_signaller_still_ends_the_command_within_the_bound(
+    domain: str, stuck_worker: threading.Event
+) -> None:
+    """The graceful signal waits in the queue past the teardown's deadline:
+    it is recorded as not sent and never sent, the forced fallback (on the
+    loop) ends the command, and the block returns within its bound."""
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        start = trio.current_time()
+        receipt = await run.terminate()
+    elapsed = trio.current_time() - start
+    assert elapsed <= run.teardown_bound + 0.5, elapsed
+    steps = [s for s in receipt.steps if s.action is Action.SIGNAL]
+    assert steps[0].outcome == "not sent", receipt.steps
+    assert "SIGKILL" in steps[1].signals, receipt.steps
+    assert "deadline" in steps[1].outcome, receipt.steps
+    assert receipt.forced
+    assert receipt.domain_empty
+
+
+@pytest.mark.timeout(30)
+async def test_the_bound_counts_from_the_stop_request() -> None:
+    """A teardown whose task runs only after its whole bound has passed (the
+    loop was starved) goes straight to the forced fallback, and its receipt
+    dates the stop at the request."""
+    async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        asked = trio.current_time()
+        run.request_stop("stopped")
+        time.sleep(BUDGET + 0.2)  # starve the loop: the teardown's task has not run yet
+        receipt = await run.wait()
+    stop = next(s for s in receipt.steps if s.action is Action.STOP)
+    assert abs(run.started_at + stop.at - asked) < 0.05, (stop, asked)
+    signals = [s for s in receipt.steps if s.action is Action.SIGNAL]
+    assert len(signals) == 1, receipt.steps  # no graceful stage: its time had passed
+    assert "deadline" in signals[0].outcome, receipt.steps
+    assert receipt.forced
+    # Nothing more than the fallback's own waits after the starvation.
+    assert receipt.duration - stop.at <= BUDGET + 0.2 + CUT_SHORT_WAIT + CUT_SHORT_SCAN + 0.3
+
+
+async def test_an_idle_worker_ends_and_a_new_one_takes_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker with nothing to do ends after IDLE_EXIT (no thread is kept
+    for the life of the program); the next action starts a new one."""
+    monkeypatch.setattr(_signaller, "IDLE_EXIT", 0.05)
+    first = _signaller.submit(threading.get_ident)
+    with trio.fail_after(5):
+        await first.done.wait()
+
+    def workers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "trio_procown signaller"]
+
+    with trio.fail_after(5):
+        while workers():
+            await trio.sleep(0.01)
+    second = _signaller.submit(threading.get_ident)
+    with trio.fail_after(5):
+        await second.done.wait()
+    assert second.error is None
+    assert second.result not in (None, threading.get_ident())
