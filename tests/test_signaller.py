@@ -14,7 +14,7 @@ import trio
 import trio_procown
 from conftest import py
 from helpers import domains
-from trio_procown import _signaller
+from trio_procown import _signaller, _teardown
 from trio_procown._receipt import Action
 from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLOWANCE
 
@@ -80,11 +80,12 @@ async def test_a_cancelled_action_never_runs(stuck_worker: threading.Event) -> N
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("domain", domains())
 async def test_a_stuck_signaller_still_ends_the_command_within_the_bound(
-    domain: str, stuck_worker: threading.Event
+    domain: str, stuck_worker: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The graceful signal waits in the queue past the teardown's deadline:
     it is recorded as not sent and never sent, the forced fallback (on the
     loop) ends the command, and the block returns within its bound."""
+    monkeypatch.setattr(_teardown, "INLINE_MAX", 0)  # every teardown through the thread
     async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
         async for line in run.lines():
             assert line == "ready\n"
@@ -145,3 +146,50 @@ async def test_an_idle_worker_ends_and_a_new_one_takes_over(
         await second.done.wait()
     assert second.error is None
     assert second.result not in (None, threading.get_ident())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("domain", domains())
+async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
+    domain: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One command torn down alone is signalled from the loop (no thread
+    handoff on its deadline's path); more than INLINE_MAX torn down
+    together are signalled through the worker, and all end."""
+    submitted: list[object] = []
+    real_submit = _signaller.submit
+
+    def counting(fn: object) -> object:
+        submitted.append(fn)
+        return real_submit(fn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_signaller, "submit", counting)
+
+    async def one(ready: trio.Event | None = None) -> trio_procown.Receipt:
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+            async for _ in run.lines():
+                break
+            if ready is not None:
+                ready.set()
+            await trio.sleep_forever()
+        raise AssertionError("not reached")  # pragma: no cover
+
+    with trio.move_on_after(5):
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+            async for _ in run.lines():
+                break
+            alone = await run.terminate()
+    assert alone.domain_empty
+    assert not alone.forced
+    assert submitted == []
+
+    count = _teardown.INLINE_MAX + 4
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            readies = [trio.Event() for _ in range(count)]
+            for ready in readies:
+                nursery.start_soon(one, ready)
+            for ready in readies:
+                await ready.wait()
+            nursery.cancel_scope.cancel()
+    assert len(submitted) >= count - _teardown.INLINE_MAX

@@ -162,6 +162,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WORKER.after_fork)
 
 
+def pending() -> bool:
+    """Are actions queued for the worker (not yet started)?"""
+    return bool(_WORKER._jobs)
+
+
 def submit(fn: Callable[[], T]) -> Job[T]:
     """Queue `fn()` for the worker thread; await `job.done`, then read
     `job.result` / `job.error`. Call from a trio run."""

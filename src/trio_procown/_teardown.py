@@ -72,6 +72,13 @@ CUT_SHORT_SCAN = 0.2
 # deadline passed (a few system calls): how long to wait for its evidence.
 # If it is still running after that, the leader is not reaped (see _finish).
 IN_FLIGHT_WAIT = 0.05
+# With at most this many teardowns under way in the process, a teardown
+# signals from the loop itself: a thread handoff costs a single command
+# about a millisecond of its deadline-to-return, and a few signals hold the
+# loop for well under the 20 ms it may stall. Above it (a mass cancel),
+# the signaller thread sends them.
+INLINE_MAX = 8
+_active = 0  # teardowns under way (Teardown.run), in every trio run of the process
 
 _FORCE = (signal.SIGKILL,)
 
@@ -145,6 +152,14 @@ class Teardown:
     async def run(self) -> Receipt:
         """Perform the machine's actions, within the teardown's bound; return
         the receipt (always one)."""
+        global _active
+        _active += 1
+        try:
+            return await self._run_counted()
+        finally:
+            _active -= 1
+
+    async def _run_counted(self) -> Receipt:
         if self.spawned.feeder is not None:
             self.spawned.feeder.scope.cancel()
         # The bound counts from the stop request when there was one: the
@@ -280,8 +295,12 @@ class Teardown:
         record its step, stamped when it was performed. The wait is bounded
         by the teardown's deadline: an action that had not started by then
         never does (a step says so); one that had is waited for a little
-        longer, for its evidence."""
+        longer, for its evidence. With few teardowns under way (INLINE_MAX)
+        and none queued for the thread, it is sent from the loop at once."""
         submitted = trio.current_time()
+        if _active <= INLINE_MAX and not _signaller.pending():
+            self._signal_step("domain", act(), sigs)
+            return
         job = _signaller.submit(act)
         try:
             await job.done.wait()
