@@ -38,7 +38,6 @@ import resource
 import select
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -49,7 +48,7 @@ from typing import Any
 import trio
 
 import trio_procown
-from trio_procown import _cgroup
+from trio_procown import _cgroup, _signaller
 from trio_procown._command import TEARDOWN_ALLOWANCE
 
 MARKER_VAR = "STRESS_MARKER"
@@ -163,7 +162,7 @@ class Accounting:
     def __init__(self, marker: str) -> None:
         self.marker = marker
         self.fds = fd_count()
-        self.threads = threading.active_count()
+        self.threads = _signaller.other_threads()
         self.cgroups = our_cgroups()
 
     def settle(self) -> Leftovers:
@@ -171,7 +170,7 @@ class Accounting:
         return Leftovers(
             survivors=survivors,
             leaked_fds=fd_count() - self.fds,
-            leaked_threads=threading.active_count() - self.threads,
+            leaked_threads=_signaller.other_threads() - self.threads,
             leaked_cgroups=len(our_cgroups() - self.cgroups),
             unreaped_children=unreaped_children(),
         )

@@ -55,7 +55,7 @@ from hypothesis import strategies as st
 import trio_procown
 from conftest import MARKER, MARKER_VAR, py
 from helpers import alive, domains
-from trio_procown import _cgroup
+from trio_procown import _cgroup, _signaller
 from trio_procown._command import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
@@ -451,8 +451,9 @@ class Resources:
     def now() -> Resources:
         # The signaller's worker (a mass teardown starts it; it ends after
         # IDLE_EXIT without work) is not a leak: it is counted apart.
-        threads = [t for t in threading.enumerate() if t.name != "trio_procown signaller"]
-        return Resources(len(os.listdir("/proc/self/fd")), len(threads), frozenset(our_cgroups()))
+        return Resources(
+            len(os.listdir("/proc/self/fd")), _signaller.other_threads(), frozenset(our_cgroups())
+        )
 
 
 _warm: set[str] = set()

@@ -136,7 +136,7 @@ async def test_an_idle_worker_ends_and_a_new_one_takes_over(
         await first.done.wait()
 
     def workers() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.name == "trio_procown signaller"]
+        return [t for t in threading.enumerate() if t.name == _signaller.THREAD_NAME]
 
     with trio.fail_after(5):
         while workers():

@@ -45,6 +45,9 @@ REPORT_EVERY = 16
 # the rest of its life, and a test suite's thread-leak check sees none
 # between teardowns that are this far apart.
 IDLE_EXIT = 2.0
+# The worker's thread name: a leak check can count it apart (it comes and
+# goes with mass teardowns, and is not a leak of any one of them).
+THREAD_NAME = "trio_procown signaller"
 
 
 class Job(Generic[T]):
@@ -125,7 +128,7 @@ class _Worker:
         with self._wake:
             self._jobs.append(job)
             if len(self._threads) < WORKERS:
-                thread = threading.Thread(target=self._loop, name="trio_procown signaller", daemon=True)
+                thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
                 self._threads.append(thread)
                 thread.start()
             else:
@@ -165,6 +168,11 @@ if hasattr(os, "register_at_fork"):
 def pending() -> bool:
     """Are actions queued for the worker (not yet started)?"""
     return bool(_WORKER._jobs)
+
+
+def other_threads() -> int:
+    """How many threads run in this process, the signaller's worker left out."""
+    return sum(1 for t in threading.enumerate() if t.name != THREAD_NAME)
 
 
 def submit(fn: Callable[[], T]) -> Job[T]:
