@@ -14,7 +14,7 @@ import trio
 import trio_procown
 from conftest import py
 from helpers import domains
-from trio_procown import _signaller, _teardown
+from trio_procown import _mass, _signaller
 from trio_procown._receipt import Action
 from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLOWANCE
 
@@ -85,7 +85,7 @@ async def test_a_stuck_signaller_still_ends_the_command_within_the_bound(
     """The graceful signal waits in the queue past the teardown's deadline:
     it is recorded as not sent and never sent, the forced fallback (on the
     loop) ends the command, and the block returns within its bound."""
-    monkeypatch.setattr(_teardown, "INLINE_MAX", 0)  # every teardown through the thread
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
     async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
         async for line in run.lines():
             assert line == "ready\n"
@@ -183,7 +183,7 @@ async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
     assert not alone.forced
     assert submitted == []
 
-    count = _teardown.INLINE_MAX + 4
+    count = _mass.INLINE_MAX + 4
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             readies = [trio.Event() for _ in range(count)]
@@ -192,4 +192,4 @@ async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
             for ready in readies:
                 await ready.wait()
             nursery.cancel_scope.cancel()
-    assert len(submitted) >= count - _teardown.INLINE_MAX
+    assert len(submitted) >= count - _mass.INLINE_MAX

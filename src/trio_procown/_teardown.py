@@ -18,7 +18,8 @@
 # shielded cancel scope whose deadline is grace + kill_wait + drain_wait +
 # TEARDOWN_ALLOWANCE, counted from the stop request (the owner sets
 # `requested`), not from when this task got to run: on a loaded loop the two
-# differ, and the receipt must not hide the difference. The domain's signals
+# differ, and the receipt must not hide the difference. In a mass teardown
+# (more than _mass.INLINE_MAX under way; see _mass.py) the domain's signals
 # of steps 1 and 3 are sent by the signaller thread (_signaller.py) while the
 # loop goes on; the wait for them is bounded by that same deadline (an
 # action still queued then is withdrawn and recorded as not sent; the
@@ -47,7 +48,7 @@ from typing import Any, Literal
 
 import trio
 
-from . import _procfs, _signaller
+from . import _mass, _procfs, _signaller
 from ._census import COOKIE_KEY
 from ._domain import Sent, describe_error, signal_names
 from ._escalation import Do, Escalation, Event
@@ -72,13 +73,6 @@ CUT_SHORT_SCAN = 0.2
 # deadline passed (a few system calls): how long to wait for its evidence.
 # If it is still running after that, the leader is not reaped (see _finish).
 IN_FLIGHT_WAIT = 0.05
-# With at most this many teardowns under way in the process, a teardown
-# signals from the loop itself: a thread handoff costs a single command
-# about a millisecond of its deadline-to-return, and a few signals hold the
-# loop for well under the 20 ms it may stall. Above it (a mass cancel),
-# the signaller thread sends them.
-INLINE_MAX = 8
-_active = 0  # teardowns under way (Teardown.run), in every trio run of the process
 
 _FORCE = (signal.SIGKILL,)
 
@@ -152,12 +146,11 @@ class Teardown:
     async def run(self) -> Receipt:
         """Perform the machine's actions, within the teardown's bound; return
         the receipt (always one)."""
-        global _active
-        _active += 1
+        _mass.enter()
         try:
             return await self._run_counted()
         finally:
-            _active -= 1
+            _mass.leave()
 
     async def _run_counted(self) -> Receipt:
         if self.spawned.feeder is not None:
@@ -295,10 +288,10 @@ class Teardown:
         record its step, stamped when it was performed. The wait is bounded
         by the teardown's deadline: an action that had not started by then
         never does (a step says so); one that had is waited for a little
-        longer, for its evidence. With few teardowns under way (INLINE_MAX)
+        longer, for its evidence. With few teardowns under way (_mass.INLINE_MAX)
         and none queued for the thread, it is sent from the loop at once."""
         submitted = trio.current_time()
-        if _active <= INLINE_MAX and not _signaller.pending():
+        if _mass.under_way() <= _mass.INLINE_MAX and not _signaller.pending():
             self._signal_step("domain", act(), sigs)
             return
         job = _signaller.submit(act)
