@@ -193,3 +193,43 @@ async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
                 await ready.wait()
             nursery.cancel_scope.cancel()
     assert len(submitted) >= count - _mass.INLINE_MAX
+
+
+SETSID_MEMBER = py(
+    "import os, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    print('member', os.getpid(), flush=True)\n"
+    "    time.sleep(30)\n"
+    "    os._exit(0)\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.skipif("cgroup" not in domains(), reason="no writable cgroup v2 here")
+@pytest.mark.timeout(30)
+async def test_through_the_thread_a_cgroup_member_outside_the_group_is_signalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cgroup's graceful signal in two stages: the process group from the
+    worker thread, then on the loop a member that left the group (setsid) but
+    not the cgroup; it gets SIGTERM within the grace (no force needed)."""
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
+    submitted: list[object] = []
+    real_submit = _signaller.submit
+
+    def counting(fn: object) -> object:
+        submitted.append(fn)
+        return real_submit(fn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_signaller, "submit", counting)
+    async with trio_procown.open_owned_command(SETSID_MEMBER, domain="cgroup", grace=10.0) as run:
+        async for line in run.lines():
+            assert line.startswith("member ")
+            break
+        receipt = await run.terminate()
+    assert submitted
+    assert receipt.domain_empty
+    assert not receipt.forced, receipt.claims()
+    (graceful,) = [s for s in receipt.steps if s.action is Action.SIGNAL and s.target == "domain"]
+    assert "and to 1 other member(s) of cgroup" in graceful.detail, graceful

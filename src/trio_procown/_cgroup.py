@@ -35,13 +35,13 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Collection, Sequence
-from functools import cache
+from functools import cache, partial
 from typing import Literal
 
 import trio
 
 from . import _inotify, _pidfd, _procfs, _stale
-from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names
+from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names, unchanged
 from ._errors import DomainUnavailable
 from ._leader import Leader
 from ._placement import run_quietly, shim_argv
@@ -392,6 +392,7 @@ class CgroupDomain(Domain):
         self.placement = "pending"
         self._read_failures: list[str] = []
         self._dir_fd: int | None = None  # the cgroup, open while the spawner starts the command in it
+        self._grouped = False  # the graceful signal reached the leader's process group
 
     @property
     def ident(self) -> str:
@@ -524,33 +525,47 @@ class CgroupDomain(Domain):
     # early, e.g. timeout=0) it is not listed, and it forks only after it is.
 
     def signal_graceful(self, sigs: tuple[int, ...] = (signal.SIGTERM, signal.SIGCONT)) -> Sent:
+        first, then = self.graceful_stages(sigs)
+        return then(first())
+
+    def graceful_stages(self, sigs: tuple[int, ...]) -> tuple[Callable[[], Sent], Callable[[Sent], Sent]]:
         # Most members share the leader's process group: signal it as one
         # (atomic against a member forking meanwhile; safe because the leader
-        # is unreaped, so its pid, the pgid, cannot be recycled). Members
-        # that left the group, or sit in a descendant cgroup, get the signal
-        # one by one, each exactly once. Every refusal is recorded and the
-        # next target is still tried.
+        # is unreaped, so its pid, the pgid, cannot be recycled): the first
+        # stage. Members that left the group, or sit in a descendant cgroup,
+        # get the signal one by one, each exactly once: the second. Every
+        # refusal is recorded and the next target is still tried.
         assert self.leader is not None
         if self.placement == "failed":
-            return self._group.signal_graceful(sigs)
+            return self._group.graceful_stages(sigs)
+        if not sigs:
+            return partial(Sent, f"no signal to cgroup {self.path}"), unchanged
+        return partial(self._signal_group, sigs), partial(self._signal_listed, sigs)
+
+    def _signal_group(self, sigs: tuple[int, ...]) -> Sent:
+        assert self.leader is not None
         pgid = self.leader.pid
         failed: list[str] = []
-        grouped = False
-        if not sigs:
-            return Sent(f"no signal to cgroup {self.path}")
+        self._grouped = False
         try:
-            grouped = killpg_owned(pgid, sigs[0])
-            for sig in sigs[1:] if grouped else ():
+            self._grouped = killpg_owned(pgid, sigs[0])
+            for sig in sigs[1:] if self._grouped else ():
                 killpg_owned(pgid, sig)
         except OSError as exc:
             failed.append(f"process group {pgid}: {describe_error(exc)}")
-        if not grouped:  # the leader may not have reached its group yet
+        if not self._grouped:  # the leader may not have reached its group yet
             try:
                 if self.leader.signal(sigs[0]):
                     for sig in sigs[1:]:
                         self.leader.signal(sig)
             except OSError as exc:
                 failed.append(f"leader {pgid}: {describe_error(exc)}")
+        return Sent(f"{signal_names(sigs)} to process group {pgid}", "; ".join(failed))
+
+    def _signal_listed(self, sigs: tuple[int, ...], first: Sent) -> Sent:
+        assert self.leader is not None
+        pgid = self.leader.pid
+        failed = [first.failed] if first.failed else []
         listed = [p for p in self._pids() if p != pgid]
         outside = []
         for pid in listed:
@@ -558,12 +573,11 @@ class CgroupDomain(Domain):
             if info is None:
                 continue
             self.seen[pid] = info.start
-            if not (grouped and info.pgrp == pgid):
+            if not (self._grouped and info.pgrp == pgid):
                 outside.append(pid)
         sent = self._send_each(outside, sigs, failed)
         return Sent(
-            f"{signal_names(sigs)} to process group {pgid} "
-            f"and to {sent} other member(s) of cgroup {self.path}",
+            f"{first.detail} and to {sent} other member(s) of cgroup {self.path}",
             "; ".join(failed),
         )
 

@@ -63,6 +63,11 @@ class Sent:
     failed: str = ""
 
 
+def unchanged(sent: Sent) -> Sent:
+    """A second stage that adds nothing (see Domain.graceful_stages)."""
+    return sent
+
+
 class Domain(abc.ABC):
     """An ownership domain for one owned command (one instance per command)."""
 
@@ -124,6 +129,16 @@ class Domain(abc.ABC):
         """Send `sigs` (by default SIGTERM then SIGCONT) to every member;
         describe what was sent.
         Never raises for a refused signal: that is reported in the result."""
+
+    def graceful_stages(self, sigs: tuple[int, ...]) -> tuple[Callable[[], Sent], Callable[[Sent], Sent]]:
+        """signal_graceful(sigs) in two stages, for a teardown that sends
+        the first from the signaller thread: `first()` reaches most members
+        in a few system calls (a process group's signal); `then(sent)`, run
+        on the event loop with the first stage's evidence, does the rest
+        (members found by listing, each a few more system calls that would
+        queue behind the loop for the interpreter lock) and returns the
+        evidence of the whole. By default the first stage is the whole."""
+        return functools.partial(self.signal_graceful, sigs), unchanged
 
     @abc.abstractmethod
     def force(self) -> Sent:

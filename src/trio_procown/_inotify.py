@@ -20,6 +20,7 @@ from functools import cache
 import trio
 
 _IN_MODIFY = 0x00000002
+_IN_Q_OVERFLOW = 0x00004000
 _IN_IGNORED = 0x00008000
 _EVENT = struct.Struct("iIII")
 
@@ -73,8 +74,15 @@ class Inotify:
                     continue
                 offset = 0
                 while offset + _EVENT.size <= len(data):
-                    wd, _mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                    wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
                     offset += _EVENT.size + length
+                    if mask & _IN_Q_OVERFLOW:
+                        # The kernel dropped events (its queue was full):
+                        # every waiter looks at its file again.
+                        events, self._events = self._events, {}
+                        for waiter in events.values():
+                            waiter.set()
+                        continue
                     ev = self._events.pop(wd, None)
                     if ev is not None:
                         ev.set()

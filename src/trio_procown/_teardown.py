@@ -39,7 +39,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import time
@@ -50,7 +49,7 @@ import trio
 
 from . import _mass, _procfs, _signaller
 from ._census import COOKIE_KEY
-from ._domain import Sent, describe_error, signal_names
+from ._domain import Sent, describe_error, signal_names, unchanged
 from ._escalation import Do, Escalation, Event
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
@@ -232,7 +231,8 @@ class Teardown:
             # the domain's wait.
             sigs = machine.graceful
             self._fates.before_signal(None, kill=False)
-            await self._send(functools.partial(self._domain.signal_graceful, sigs), sigs)
+            first, then = self._domain.graceful_stages(sigs)
+            await self._send(first, sigs, then)
             table = await self._table()
             escapees = census.scan(self._domain, table)
             if escapees and machine.signals_escapees:
@@ -282,17 +282,21 @@ class Teardown:
         outcome = f"failed: {sent.failed}" if sent.failed else note
         self.step(Action.SIGNAL, target, sent.detail, outcome, _names(sigs), at)
 
-    async def _send(self, act: Callable[[], Sent], sigs: tuple[int, ...]) -> None:
+    async def _send(
+        self, act: Callable[[], Sent], sigs: tuple[int, ...], then: Callable[[Sent], Sent] = unchanged
+    ) -> None:
         """Perform the domain's signalling action `act` in the signaller
         thread (see _signaller.py: the loop keeps running meanwhile) and
         record its step, stamped when it was performed. The wait is bounded
         by the teardown's deadline: an action that had not started by then
         never does (a step says so); one that had is waited for a little
         longer, for its evidence. With few teardowns under way (_mass.INLINE_MAX)
-        and none queued for the thread, it is sent from the loop at once."""
+        and none queued for the thread, it is sent from the loop at once.
+        `then` (the action's second stage, see Domain.graceful_stages) runs
+        on the loop once `act` is done, unless the deadline passed."""
         submitted = trio.current_time()
         if _mass.under_way() <= _mass.INLINE_MAX and not _signaller.pending():
-            self._signal_step("domain", act(), sigs)
+            self._signal_step("domain", then(act()), sigs)
             return
         job = _signaller.submit(act)
         try:
@@ -325,16 +329,22 @@ class Teardown:
                     _names(sigs),
                 )
             raise
-        self._record_sent(job, submitted, sigs)
+        self._record_sent(job, submitted, sigs, then)
 
-    def _record_sent(self, job: _signaller.Job[Sent], submitted: float, sigs: tuple[int, ...]) -> None:
+    def _record_sent(
+        self,
+        job: _signaller.Job[Sent],
+        submitted: float,
+        sigs: tuple[int, ...],
+        then: Callable[[Sent], Sent] = unchanged,
+    ) -> None:
         if job.error is not None:
             raise job.error  # an unforeseen failure: _run records it as an error step
         assert job.result is not None
         # Stamped when the worker began sending, in trio time (never before
         # the request: the clock may be a test's).
         at = max(submitted, trio.current_time() - (time.perf_counter() - job.started))
-        self._signal_step("domain", job.result, sigs, at=at)
+        self._signal_step("domain", then(job.result), sigs, at=at)
 
     def _signalling(self) -> bool:
         """Is a signalling action to the domain still under way (one the
