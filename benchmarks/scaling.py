@@ -302,10 +302,55 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     await _pid1_reaped()
 
 
+async def _bare_cancel_stall(k: int) -> float:
+    """trio's own floor for the stall: K tasks that each wait, cancelled
+    together by one scope, each then waiting in a shielded scope (as an
+    owned block waits for its teardown) until released. The longest gap
+    between two wakeups of a task looping on trio.sleep(0)."""
+    stall = 0.0
+
+    async def one(release: trio.Event) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await release.wait()
+
+    async def watch_loop() -> None:
+        nonlocal stall
+        last = time.perf_counter()
+        while True:
+            await trio.sleep(0)
+            now = time.perf_counter()
+            stall = max(stall, now - last)
+            last = now
+
+    async def let_go(release: trio.Event) -> None:
+        with trio.CancelScope(shield=True):
+            for _ in range(3):  # the cancelled tasks have all run by then
+                await trio.sleep(0)
+            release.set()
+
+    release = trio.Event()
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            for _ in range(k):
+                nursery.start_soon(one, release)
+            await trio.sleep(0.1)
+            outer.start_soon(watch_loop)
+            await trio.sleep(0)
+            nursery.cancel_scope.cancel()
+            outer.start_soon(let_go, release)
+        outer.cancel_scope.cancel()
+    return stall
+
+
 async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> None:
     counts = cfg.pick([20, 50], [250, 500, 1000, 2000])
     mass = {(k, d): _MassPoint() for k in counts for d in domains}
+    floors: dict[int, float] = {}
     for k in counts:
+        floors[k] = await _bare_cancel_stall(k)
         for d in domains:
             print(
                 f"[benchmarks] scaling: mass teardown of {k} commands ({d}) ...", file=sys.stderr, flush=True
@@ -322,6 +367,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 f"blocks past {MASS_BOUND:g} s",
                 "survivors",
                 "longest loop stall ms",
+                "trio's floor: stall of a bare cancel ms",
                 "forced",
                 "not proved empty",
                 "ready after s",
@@ -336,6 +382,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     f"{max(p.over, default=0)}/{k}",
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
+                    ms(floors[k]),
                     f"{p.forced}/{p.receipts}",
                     str(p.not_empty),
                     f"{max(p.spawn, default=float('nan')):.1f}",
@@ -347,7 +394,10 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             f"cancelled together by one scope. Each block's bound is {MASS_BOUND:g} s (the budgets plus "
             f"the teardown's allowance, {TEARDOWN_ALLOWANCE:g} s); with the documented scheduling noise "
             f"(one more allowance), {MASS_LIMIT:g} s. Longest loop stall: the longest "
-            "gap between two wakeups of a task looping on trio.sleep(0) during the teardown. One run per point.",
+            "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; trio's floor: "
+            "the same measure when K bare trio tasks, each waiting, are cancelled together by one scope and "
+            "each waits once more in a shielded scope (what trio's scheduler costs before any teardown "
+            "work). One run per point.",
         )
     )
     for p in mass.values():
@@ -384,8 +434,11 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
         _plots.growth(
             "K commands cancelled together: longest gap between two event-loop wakeups",
             "concurrent commands (log)",
-            series(lambda p: max(p.stalls, default=float("nan"))),
-            ours=lambda label: True,
+            {
+                **series(lambda p: max(p.stalls, default=float("nan"))),
+                "trio: bare cancel of K tasks (floor)": [(float(k), f * 1e3, 0.0) for k, f in floors.items()],
+            },
+            ours=lambda label: label.startswith("trio_procown"),
             note=f"goal: <= {STALL_GOAL * 1e3:g} ms. Bottom panel: processes left.",
             ylabel="longest event-loop stall (ms, log)",
         ),
@@ -430,6 +483,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             "x",
         )
     section.data["mass"] = {f"{k} {d}": p.to_dict() for (k, d), p in mass.items()}
+    section.data["mass_bare_cancel_stall_seconds"] = {str(k): f for k, f in floors.items()}
 
 
 PEER_KEYS = ("subprocess.run", "trio", "anyio", "adk")
