@@ -207,6 +207,22 @@ class _MassPoint:
         }
 
 
+class _StallWatch:
+    """The longest time the event loop went without scheduling a task that
+    loops on trio.sleep(0): any synchronous stretch of the loop shows there."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def run(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await trio.sleep(0)
+            now = time.perf_counter()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+
 async def _pid1_reaped(limit: float = 10.0) -> None:
     """Wait (at most `limit`) until no zombie is left waiting for PID 1."""
     with trio.move_on_after(limit):
@@ -232,7 +248,8 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     runs: list[trio_procown.OwnedCommand] = []
     ends: list[float] = []
     t0: float | None = None
-    stall = 0.0
+    # Runs from just before the cancel until the last block returned.
+    watch = _StallWatch()
 
     async def one() -> None:
         nonlocal ready
@@ -256,17 +273,6 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
         finally:
             ends.append(trio.current_time())
 
-    async def watch_loop() -> None:
-        # Runs from just before the cancel until the last block returned:
-        # the longest time the loop went without scheduling it.
-        nonlocal stall
-        last = time.perf_counter()
-        while True:
-            await trio.sleep(0)
-            now = time.perf_counter()
-            stall = max(stall, now - last)
-            last = now
-
     started = trio.current_time()
     async with trio.open_nursery() as outer:
         with trio.move_on_after(READY_LIMIT + k * 0.02) as scope:
@@ -275,7 +281,7 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
                     nursery.start_soon(one)
                 await all_ready.wait()
                 point.spawn.append(trio.current_time() - started)
-                outer.start_soon(watch_loop)
+                outer.start_soon(watch.run)
                 await trio.sleep(0)  # the watcher is running before the cancel
                 t0 = trio.current_time()
                 scope.deadline = t0  # every command is cancelled together, now
@@ -288,7 +294,7 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     slowest = max((e - t0 for e in ends), default=float("nan"))
     point.slowest.append(slowest)
     point.over.append(sum(e - t0 > MASS_BOUND for e in ends))
-    point.stalls.append(stall)
+    point.stalls.append(watch.longest)
     point.survivors.append(count_marked(cfg.marker))
     for run in runs:
         receipt = run.receipt
@@ -307,7 +313,7 @@ async def _bare_cancel_stall(k: int) -> float:
     together by one scope, each then waiting in a shielded scope (as an
     owned block waits for its teardown) until released. The longest gap
     between two wakeups of a task looping on trio.sleep(0)."""
-    stall = 0.0
+    watch = _StallWatch()
 
     async def one(release: trio.Event) -> None:
         try:
@@ -315,15 +321,6 @@ async def _bare_cancel_stall(k: int) -> float:
         finally:
             with trio.CancelScope(shield=True):
                 await release.wait()
-
-    async def watch_loop() -> None:
-        nonlocal stall
-        last = time.perf_counter()
-        while True:
-            await trio.sleep(0)
-            now = time.perf_counter()
-            stall = max(stall, now - last)
-            last = now
 
     async def let_go(release: trio.Event) -> None:
         with trio.CancelScope(shield=True):
@@ -337,12 +334,12 @@ async def _bare_cancel_stall(k: int) -> float:
             for _ in range(k):
                 nursery.start_soon(one, release)
             await trio.sleep(0.1)
-            outer.start_soon(watch_loop)
+            outer.start_soon(watch.run)
             await trio.sleep(0)
             nursery.cancel_scope.cancel()
             outer.start_soon(let_go, release)
         outer.cancel_scope.cancel()
-    return stall
+    return watch.longest
 
 
 async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> None:

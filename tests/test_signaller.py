@@ -45,6 +45,20 @@ def stuck_worker() -> Iterator[threading.Event]:
         release.set()
 
 
+@pytest.fixture
+def submitted(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every action handed to the signaller thread during the test, in order."""
+    handed: list[object] = []
+    real_submit = _signaller.submit
+
+    def counting(fn: object) -> object:
+        handed.append(fn)
+        return real_submit(fn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_signaller, "submit", counting)
+    return handed
+
+
 async def test_an_action_runs_in_the_worker_thread() -> None:
     job = _signaller.submit(threading.get_ident)
     with trio.fail_after(5):
@@ -151,19 +165,11 @@ async def test_an_idle_worker_ends_and_a_new_one_takes_over(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("domain", domains())
 async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
-    domain: str, monkeypatch: pytest.MonkeyPatch
+    domain: str, submitted: list[object]
 ) -> None:
     """One command torn down alone is signalled from the loop (no thread
     handoff on its deadline's path); more than INLINE_MAX torn down
     together are signalled through the worker, and all end."""
-    submitted: list[object] = []
-    real_submit = _signaller.submit
-
-    def counting(fn: object) -> object:
-        submitted.append(fn)
-        return real_submit(fn)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_signaller, "submit", counting)
 
     async def one(ready: trio.Event | None = None) -> trio_procown.Receipt:
         async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
@@ -209,20 +215,12 @@ SETSID_MEMBER = py(
 @pytest.mark.skipif("cgroup" not in domains(), reason="no writable cgroup v2 here")
 @pytest.mark.timeout(30)
 async def test_through_the_thread_a_cgroup_member_outside_the_group_is_signalled(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, submitted: list[object]
 ) -> None:
     """The cgroup's graceful signal in two stages: the process group from the
     worker thread, then on the loop a member that left the group (setsid) but
     not the cgroup; it gets SIGTERM within the grace (no force needed)."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
-    submitted: list[object] = []
-    real_submit = _signaller.submit
-
-    def counting(fn: object) -> object:
-        submitted.append(fn)
-        return real_submit(fn)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_signaller, "submit", counting)
     async with trio_procown.open_owned_command(SETSID_MEMBER, domain="cgroup", grace=10.0) as run:
         async for line in run.lines():
             assert line.startswith("member ")
