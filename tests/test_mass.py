@@ -88,3 +88,24 @@ def test_leave_never_counts_below_zero() -> None:
     """An unmatched leave() (a bug elsewhere) cannot make the count negative."""
     _mass.leave()
     assert _mass.under_way() == 0
+
+
+def test_a_forked_child_starts_with_no_teardown_and_a_thawed_heap() -> None:
+    """A child forked during a burst counts no teardown and has nothing frozen by us."""
+    import os
+
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter()
+    assert _mass.frozen()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        ok = _mass.under_way() == 0 and not _mass.frozen() and gc.get_freeze_count() == 0
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"1"
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)

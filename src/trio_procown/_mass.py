@@ -94,13 +94,13 @@ def _thaw() -> None:
 
 
 def after_fork() -> None:
-    # A forked child runs none of the parent's teardowns; what it inherited
-    # frozen stays so unless it thaws it itself (gc's own advice for fork).
-    global _active, _frozen_at, _spent, _lock
+    # A forked child runs none of the parent's teardowns: it starts with
+    # none under way, and a heap we froze for them is thawed in it.
+    global _active, _spent, _lock
     _lock = threading.Lock()
     _active = 0
-    _frozen_at = None
     _spent = False
+    _thaw()
 
 
 if hasattr(os, "register_at_fork"):
