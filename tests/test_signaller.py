@@ -171,14 +171,12 @@ async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
     handoff on its deadline's path); more than INLINE_MAX torn down
     together are signalled through the worker, and all end."""
 
-    async def one(ready: trio.Event | None = None) -> trio_procown.Receipt:
+    async def one(ready: trio.Event) -> None:
         async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
             async for _ in run.lines():
                 break
-            if ready is not None:
-                ready.set()
+            ready.set()
             await trio.sleep_forever()
-        raise AssertionError("not reached")  # pragma: no cover
 
     with trio.move_on_after(5):
         async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
