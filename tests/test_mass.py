@@ -19,6 +19,8 @@ def _clean_slate() -> Iterator[None]:
     yield
     while _mass.under_way():
         _mass.leave()
+    _mass.enter()
+    _mass.leave()  # forgets asks left over by a test
     assert not _mass.frozen()
     assert gc.get_freeze_count() == before
 
@@ -84,6 +86,41 @@ def test_a_heap_the_program_froze_itself_is_left_alone() -> None:
         gc.unfreeze()
 
 
+def test_stops_asked_for_freeze_before_their_teardowns_begin() -> None:
+    """A burst of requested stops freezes the heap at once (their owners' exits allocate before a
+    single teardown runs); the teardowns that begin then count once each, not twice."""
+    for _ in range(_mass.INLINE_MAX):
+        _mass.requested()
+    assert not _mass.frozen()
+    _mass.requested()
+    assert _mass.frozen()
+    assert _mass.under_way() == 0  # asked for, not under way: signals still go from the loop
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter(asked=True)
+    assert _mass.under_way() == _mass.INLINE_MAX + 1
+    while _mass.under_way():
+        _mass.leave()
+    assert not _mass.frozen()
+    # Nothing asked is left over: one more teardown alone freezes nothing.
+    _mass.enter()
+    assert not _mass.frozen()
+    _mass.leave()
+
+
+def test_asks_whose_teardown_never_began_are_forgotten_when_idle() -> None:
+    """Asks are forgotten once no teardown is under way, so a stop whose teardown never ran does
+    not make later, smaller groups count as bursts."""
+    for _ in range(_mass.INLINE_MAX):
+        _mass.requested()
+    _mass.enter()
+    assert _mass.frozen()  # INLINE_MAX asked + 1 under way
+    _mass.leave()
+    assert not _mass.frozen()
+    for _ in range(_mass.INLINE_MAX):
+        _mass.enter()
+    assert not _mass.frozen()
+
+
 def test_leave_never_counts_below_zero() -> None:
     """An unmatched leave() (a bug elsewhere) cannot make the count negative."""
     _mass.leave()
@@ -109,3 +146,79 @@ def test_a_forked_child_starts_with_no_teardown_and_a_thawed_heap() -> None:
     finally:
         os.close(r)
         os.waitpid(pid, 0)
+
+
+# -- pacing (pace): turns in a burst ------------------------------------------------------
+
+
+async def test_pace_outside_a_burst_returns_without_a_checkpoint() -> None:
+    """A few teardowns under way: pace() neither waits nor checkpoints (a cancelled scope around it
+    does not fire)."""
+    import trio
+
+    for _ in range(_mass.INLINE_MAX):
+        _mass.enter()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await _mass.pace()
+    assert not scope.cancelled_caught
+
+
+async def test_a_burst_goes_on_pace_chunk_at_a_time_in_the_order_it_asked() -> None:
+    """In a burst, at most PACE_CHUNK teardowns go on per batch of the loop, first come first
+    served, and every one of them gets its turn."""
+    import trio
+
+    batches = [0]
+
+    class Batches(trio.abc.Instrument):
+        def after_io_wait(self, timeout: float) -> None:
+            batches[0] += 1
+
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter()
+    n = 3 * _mass.PACE_CHUNK + 5
+    asked: list[int] = []
+    went: list[tuple[int, int]] = []  # (who, batch)
+
+    async def one(who: int) -> None:
+        asked.append(who)
+        await _mass.pace()
+        went.append((who, batches[0]))
+
+    trio.lowlevel.add_instrument(Batches())
+    async with trio.open_nursery() as nursery:
+        for who in range(n):
+            nursery.start_soon(one, who)  # all ask in the same batch
+    assert len(asked) == n
+    assert sorted(who for who, _ in went) == list(range(n))
+    batch_of = dict(went)
+    in_order = [batch_of[who] for who in asked]
+    assert in_order == sorted(in_order)  # first asked, first to go (within a batch, trio's order)
+    per_batch: dict[int, int] = {}
+    for _, batch in went:
+        per_batch[batch] = per_batch.get(batch, 0) + 1
+    assert max(per_batch.values()) <= _mass.PACE_CHUNK
+    assert len(per_batch) >= 4
+
+
+async def test_a_turn_is_waited_for_within_the_caller_s_deadline() -> None:
+    """A teardown whose bound expires while it waits for its turn is cancelled there (its bound
+    holds); the others still get theirs."""
+    import trio
+
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter()
+    went: list[int] = []
+
+    async def one(who: int, deadline: float) -> None:
+        with trio.move_on_at(deadline):
+            await _mass.pace()
+            went.append(who)
+
+    async with trio.open_nursery() as nursery:
+        now = trio.current_time()
+        nursery.start_soon(one, 0, now - 1)  # already past its bound
+        for who in range(1, 2 * _mass.PACE_CHUNK):
+            nursery.start_soon(one, who, now + 30)
+    assert sorted(went) == list(range(1, 2 * _mass.PACE_CHUNK))

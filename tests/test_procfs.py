@@ -198,3 +198,48 @@ async def test_table_since_reuses_only_a_table_begun_after_the_question(
     third = _procfs.table_since(None, later)
     assert third is not first
     assert len(calls) == 2
+
+
+async def test_the_newest_mark_sends_a_wide_range_to_the_shared_scan_without_a_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the newest mark read already shows more clones since a command's mark than a narrow
+    range holds, table_for goes to the shared scan without reading /proc/stat again; a command
+    whose mark is recent still gets its narrow, private probe."""
+    monkeypatch.setattr(_procfs, "_NEWEST", [PidMark(last_pid=9000, forks=5000, tasks=100)])
+    old = PidMark(last_pid=100, forks=5000 - _procfs.DIRECT_PROBE_MAX - 1, tasks=100)
+    recent = PidMark(last_pid=8990, forks=4990, tasks=100)
+    assert _procfs.surely_wide(old)
+    assert not _procfs.surely_wide(recent)
+    assert not _procfs.surely_wide(None)
+
+    reads: list[PidMark | None] = []
+    shared: list[None] = []
+
+    def ranges_since(mark: PidMark | None) -> list[tuple[int, int]]:
+        reads.append(mark)
+        return [(8991, 9000)]
+
+    async def slow_scan() -> _procfs.Rows:
+        shared.append(None)
+        return _procfs.Rows()
+
+    monkeypatch.setattr(_procfs, "ranges_since", ranges_since)
+    monkeypatch.setattr(_procfs, "_snapshot", lambda ranges: _procfs.Rows())
+    monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
+
+    await _procfs.table_for(old)
+    assert reads == []
+    assert len(shared) == 1
+    await _procfs.table_for(recent)
+    assert reads == [recent]
+    assert len(shared) == 1
+
+
+def test_pid_mark_remembers_the_newest_mark() -> None:
+    """Every mark read becomes the newest one surely_wide compares against."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("marks are read from /proc")
+    mark = _procfs.pid_mark()
+    assert mark is not None
+    assert [mark] == _procfs._NEWEST

@@ -229,3 +229,48 @@ async def test_through_the_thread_a_cgroup_member_outside_the_group_is_signalled
     assert not receipt.forced, receipt.claims()
     (graceful,) = [s for s in receipt.steps if s.action is Action.SIGNAL and s.target == "domain"]
     assert "and to 1 other member(s) of cgroup" in graceful.detail, graceful
+
+
+async def test_no_thread_to_be_had_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no worker runs and none can start (the thread limit), submit raises RuntimeError and
+    leaves nothing queued; the next submit, once threads can start again, works."""
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    # First let the worker end: one more action, after which it idles for IDLE_EXIT only.
+    monkeypatch.setattr(_signaller, "IDLE_EXIT", 0.05)
+    with trio.fail_after(10):
+        await _signaller.submit(lambda: None).done.wait()
+        while [t for t in threading.enumerate() if t.name == _signaller.THREAD_NAME]:
+            await trio.sleep(0.01)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError):
+        _signaller.submit(lambda: None)
+    assert not _signaller.pending()
+    monkeypatch.undo()
+    job = _signaller.submit(threading.get_ident)
+    with trio.fail_after(5):
+        await job.done.wait()
+    assert job.result not in (None, threading.get_ident())
+
+
+@pytest.mark.timeout(30)
+async def test_a_teardown_without_a_thread_signals_from_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teardown in a burst whose signals cannot go to the thread sends them itself: the command
+    ends gracefully, without an error step."""
+
+    def refused(fn: object) -> object:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
+    monkeypatch.setattr(_signaller, "submit", refused)
+    async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        receipt = await run.terminate()
+    assert receipt.domain_empty
+    assert not receipt.forced
+    assert not [s for s in receipt.steps if s.action is Action.ERROR], receipt.steps
+    assert "SIGTERM" in next(s for s in receipt.steps if s.action is Action.SIGNAL).signals

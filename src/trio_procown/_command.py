@@ -340,7 +340,7 @@ class OwnedCommand:
             self._stop_cause = cause
         if self._teardown.requested is None and self.phase.value == "running":
             # The teardown's bound counts from now, however late its task runs.
-            self._teardown.requested = trio.current_time()
+            self._teardown.ask(trio.current_time())
         self._life_scope.cancel()
 
     def stop_reading(self, name: Literal["stdout", "stderr"]) -> None:

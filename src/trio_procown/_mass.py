@@ -13,9 +13,16 @@
 # cancelled together, three gen-2 collections of 170-290 ms inside the
 # teardown, each a stall of the loop of that length and together a quarter
 # of the time the teardowns had. So when a burst begins (more than
-# INLINE_MAX under way) the heap as it is then is frozen: gc.freeze() moves
-# it to the permanent generation, which collections skip; everything
-# allocated since is collected as usual. When the last teardown of the burst
+# INLINE_MAX under way, or asked for: see below) the heap as it is then is
+# frozen: gc.freeze() moves it to the permanent generation, which
+# collections skip. While the freeze holds, each teardown that begins or
+# ends freezes again what has survived since (gc.freeze() is a splice of
+# lists, not a walk): CPython collects the oldest generation whenever it
+# has grown by a quarter since the last full collection, and after a freeze
+# a quarter of almost nothing comes soon (measured with a single freeze:
+# full collections of ~100 ms in the burst, over what the teardowns had
+# allocated). Garbage made during the burst is still freed by reference
+# counting; cycles among it wait for the thaw. When the last teardown of the burst
 # ends it is unfrozen (gc.unfreeze()), and the collector sees the whole heap
 # again. The freeze is bounded: held for FREEZE_MAX it is released at the
 # next teardown to start or end, and not taken again until the process has
@@ -23,6 +30,24 @@
 # flight does not keep its old heap out of reach for good). A program that
 # froze its own heap (gc.get_freeze_count() > 0 before we froze: a pre-fork
 # server, say) is left alone: we then neither freeze nor unfreeze.
+#
+# A stop is counted from when it is asked for (requested()), before its
+# teardown's task gets to run: when 2,000 blocks are cancelled together,
+# their owners' exits all run in one batch of the loop and allocate enough
+# to set off a full collection there, before a single teardown has begun
+# (measured: a 153 ms gen-2 collection in that batch). A requested stop
+# counts towards the freeze only: signals are sent inline or by the thread
+# according to the teardowns actually under way.
+#
+# Pacing. A mass cancel wakes every teardown in one batch of the loop (the
+# cancel reaches them all at once; the signaller thread's reports wake the
+# waiters of many actions at once), and each then runs a step of ~0.3 ms
+# before its next checkpoint: 2,000 of them held the loop for 0.4-0.7 s,
+# and every other task of the program waited that long. So in a burst a
+# teardown takes its turn (pace()) before such a step: the turns are handed
+# out PACE_CHUNK per batch of the loop by one system task of the run, in the
+# order they were asked for. A turn is waited for inside the teardown's
+# bound (its deadline, counted from the stop request, still holds).
 #
 # The count spans every trio run of the process (one per thread, say), so it
 # is kept under a lock.
@@ -34,14 +59,19 @@ import os
 import threading
 import time
 
+import trio
+
 # At most this many teardowns under way: signals go from the loop (see above).
 INLINE_MAX = 8
+# In a burst, how many teardowns pace() lets go on per batch of the loop.
+PACE_CHUNK = 32
 # The longest a burst keeps the old heap frozen (seconds): a few times the
 # default teardown bound (grace 2 + kill_wait 1 + drain_wait 0.5 s).
 FREEZE_MAX = 10.0
 
 _lock = threading.Lock()
 _active = 0  # teardowns under way, in every trio run of the process
+_asked = 0  # stops requested whose teardown has not begun yet
 _frozen_at: float | None = None  # time.monotonic() of our gc.freeze(), while it holds
 _spent = False  # this busy period already held a freeze for FREEZE_MAX
 
@@ -51,25 +81,49 @@ def under_way() -> int:
     return _active
 
 
-def enter() -> None:
-    """A teardown begins."""
-    global _active, _frozen_at
+def requested() -> None:
+    """A stop was asked for; its teardown will begin with enter(asked=True)."""
+    global _asked
+    with _lock:
+        _asked += 1
+        _expire()
+        _maybe_freeze()
+
+
+def enter(*, asked: bool = False) -> None:
+    """A teardown begins (`asked`: its stop was counted by requested())."""
+    global _active, _asked
     with _lock:
         _active += 1
+        if asked:
+            _asked = max(0, _asked - 1)
         _expire()
-        if _active > INLINE_MAX and _frozen_at is None and not _spent and gc.get_freeze_count() == 0:
-            gc.freeze()
-            _frozen_at = time.monotonic()
+        _maybe_freeze()
+
+
+def _maybe_freeze() -> None:
+    global _frozen_at
+    if _frozen_at is not None:
+        gc.freeze()  # what survived since the last one joins the frozen heap
+    elif _active + _asked > INLINE_MAX and _frozen_at is None and not _spent and gc.get_freeze_count() == 0:
+        gc.freeze()
+        _frozen_at = time.monotonic()
 
 
 def leave() -> None:
     """A teardown ended (however it ended)."""
-    global _active, _spent
+    global _active, _asked, _spent
     with _lock:
         _active -= 1
         _expire()
+        if _frozen_at is not None and _active > 0:
+            gc.freeze()
         if _active <= 0:
+            # Idle: asks not begun yet are forgotten too (one whose teardown
+            # never ran must not count for ever; the others, still to
+            # begin, enter() again from zero).
             _active = 0
+            _asked = 0
             _spent = False
             _thaw()
 
@@ -93,12 +147,53 @@ def _thaw() -> None:
         gc.unfreeze()
 
 
+class _Turns:
+    """The turns of one trio run: a queue, and the system task that lets
+    PACE_CHUNK of it go on per batch of the loop while anyone waits."""
+
+    def __init__(self) -> None:
+        self.queue = trio.lowlevel.ParkingLot()
+        self.pumping = False
+
+    async def pump(self) -> None:
+        try:
+            while self.queue:
+                self.queue.unpark(count=PACE_CHUNK)
+                await trio.lowlevel.checkpoint()
+        finally:
+            self.pumping = False
+
+
+_TURNS: trio.lowlevel.RunVar[_Turns] = trio.lowlevel.RunVar("trio_procown_turns")
+
+
+async def pace() -> None:
+    """In a burst (more than INLINE_MAX teardowns under way), wait for this
+    teardown's turn (see above); otherwise return at once, without a
+    checkpoint."""
+    if _active <= INLINE_MAX:
+        return
+    try:
+        turns = _TURNS.get()
+    except LookupError:
+        turns = _Turns()
+        _TURNS.set(turns)
+    if not turns.pumping:
+        try:
+            trio.lowlevel.spawn_system_task(turns.pump, name="trio_procown teardown turns")
+        except RuntimeError:
+            return  # the run is ending: nobody to hand out turns, go on
+        turns.pumping = True
+    await turns.queue.park()
+
+
 def after_fork() -> None:
     # A forked child runs none of the parent's teardowns: it starts with
     # none under way, and a heap we froze for them is thawed in it.
-    global _active, _spent, _lock
+    global _active, _asked, _spent, _lock
     _lock = threading.Lock()
     _active = 0
+    _asked = 0
     _spent = False
     _thaw()
 

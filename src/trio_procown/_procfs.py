@@ -21,6 +21,10 @@
 # descendant. Otherwise, or without a mark, the scan
 # is full. A narrow range of at most DIRECT_PROBE_MAX pids is probed pid by
 # pid; a wider one means a busy machine, and goes to the shared full scan.
+# The newest mark read (_NEWEST) decides that without another read when it
+# already shows more clones since the command's mark than such a range can
+# hold: 2,000 teardowns together would otherwise each read /proc/stat and
+# /proc/loadavg (~0.1 ms on a loaded machine) only to learn that.
 #
 # A full scan is shared. When many commands are torn down together (2,000
 # cancelled by one scope, 10,000 processes), each teardown would otherwise
@@ -36,7 +40,10 @@
 #   that scan ends. A round always *starts* after each of its requests was
 #   made, so a shared table is never older than the question it answers.
 # - The scan and the environment reads yield to the event loop every
-#   SCAN_SLICE seconds instead of holding it for the whole table.
+#   SCAN_SLICE seconds instead of holding it for the whole table. (Not in a
+#   worker thread: measured, with 2,000 teardowns over 10,000 processes the
+#   scan's Python half contends with the loop for the interpreter lock, and
+#   every block ran past its bound, against none on the loop.)
 # - A table answers each question from an index, not by walking its rows:
 #   members by process group (Rows.in_group), census hits by token (each
 #   live process's environment read once per table, newest first, only as
@@ -85,6 +92,10 @@ def _read_small(path: str) -> bytes:
         os.close(fd)
 
 
+# The newest mark read in this process (see the module comment).
+_NEWEST: list[PidMark] = []
+
+
 def pid_mark() -> PidMark | None:
     """A mark to take just before a spawn; None where it cannot be read."""
     if not IS_LINUX:
@@ -94,9 +105,21 @@ def pid_mark() -> PidMark | None:
         stat = _read_small("/proc/stat")
         at = stat.index(b"\nprocesses ") + 11
         forks = int(stat[at : stat.index(b"\n", at)])
-        return PidMark(last_pid=int(load[4]), forks=forks, tasks=int(load[3].split(b"/")[1]))
+        mark = PidMark(last_pid=int(load[4]), forks=forks, tasks=int(load[3].split(b"/")[1]))
     except (OSError, ValueError, IndexError):
         return None
+    _NEWEST[:] = [mark]
+    return mark
+
+
+def surely_wide(mark: PidMark | None) -> bool:
+    """Without reading anything: has the machine made more clones since
+    `mark` than a narrow range (DIRECT_PROBE_MAX pids) would hold? Clones
+    only grow. A clone in a pid namespace outside ours allocates no pid
+    here, so the answer may be yes where the range is narrow: the caller
+    then takes a full scan, which holds whatever a narrow one would."""
+    newest = _NEWEST[0] if _NEWEST else None
+    return mark is not None and newest is not None and newest.forks - mark.forks > DIRECT_PROBE_MAX
 
 
 @functools.cache
@@ -622,7 +645,7 @@ async def table_for(
     will ask the table about that variable for processes started at or
     after `started_since`: a shared table reads those environments (once,
     for every requester) before it is handed out."""
-    ranges = ranges_since(mark)
+    ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges))
     return await _coalescer().table(cookie_key, started_since)
@@ -647,7 +670,7 @@ def table_since(mark: PidMark | None, not_before: float) -> ProcessTable:
     latest = coalescer.latest
     if latest is not None and latest.started >= not_before:
         return latest  # a full table holds whatever a narrow one would
-    ranges = ranges_since(mark)
+    ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges))
     began = trio.current_time()

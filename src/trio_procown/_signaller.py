@@ -119,18 +119,28 @@ def _report(finished: list[Job[Any]]) -> None:
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self._jobs: deque[Job[Any]] = deque()
         self._wake = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
 
     def submit(self, job: Job[Any]) -> None:
+        """Queue `job`. Raises RuntimeError, with nothing queued, when no
+        worker runs and none can be started (the process's thread limit):
+        the caller then does the work itself."""
         with self._wake:
             self._jobs.append(job)
             if len(self._threads) < WORKERS:
-                thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+                thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._threads.append(thread)
-                thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:
+                    self._threads.remove(thread)
+                    if not self._threads:
+                        self._jobs.remove(job)
+                        raise
             else:
                 self._wake.notify()
 
@@ -160,7 +170,7 @@ class _Worker:
         self._threads = []
 
 
-_WORKER = _Worker()
+_WORKER = _Worker(THREAD_NAME)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WORKER.after_fork)
 

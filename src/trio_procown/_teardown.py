@@ -23,7 +23,10 @@
 # of steps 1 and 3 are sent by the signaller thread (_signaller.py) while the
 # loop goes on; the wait for them is bounded by that same deadline (an
 # action still queued then is withdrawn and recorded as not sent; the
-# forced fallback below signals from the loop itself). If the loop was
+# forced fallback below signals from the loop itself). In a burst a teardown
+# takes its turn (_mass.pace) before each action and after each of those
+# signalling waits, so that the loop is never held by thousands of steps
+# at once (many teardowns' waits end together). If the loop was
 # starved past that deadline, the machine
 # is told (DEADLINE): SIGKILL now unless already sent, a last wait of at most
 # CUT_SHORT_WAIT, then the receipt from what is seen (a process table shared
@@ -109,6 +112,7 @@ class Teardown:
         # teardown's deadline counts from then, not from when its task got
         # to run (on a loaded loop that can be much later).
         self.requested: float | None = None
+        self._asked_stop = False  # counted by _mass.requested() (see ask())
         # A signalling action that started in the signaller thread and had
         # not finished when the teardown stopped waiting for it: the leader
         # must not be reaped while it may still be signalled.
@@ -142,10 +146,19 @@ class Teardown:
         # the leader: a shared scan reads those environments once for all.
         return await _procfs.table_for(self._leader.mark, COOKIE_KEY, self._leader.start)
 
+    def ask(self, when: float) -> None:
+        """The owner asks for the stop at `when` (trio time): the bound
+        counts from then, and the stop counts towards a burst (_mass.py)
+        before this teardown's task gets to run."""
+        self.requested = when
+        if not self._asked_stop:
+            self._asked_stop = True
+            _mass.requested()
+
     async def run(self) -> Receipt:
         """Perform the machine's actions, within the teardown's bound; return
         the receipt (always one)."""
-        _mass.enter()
+        _mass.enter(asked=self._asked_stop)
         try:
             return await self._run_counted()
         finally:
@@ -177,11 +190,18 @@ class Teardown:
         return self.receipt
 
     async def _run(self) -> None:
-        self._verify_placement()
         machine = self.machine
         action = machine.next_action
+        verified = False
         while action is not Do.NOTHING:
             try:
+                # In a burst, take turns before each action: the waits
+                # before them end for many teardowns at once (the first:
+                # the cancel that reached them all).
+                await _mass.pace()
+                if not verified:
+                    verified = True
+                    self._verify_placement()
                 action = await self._perform(action)
             except Exception as exc:
                 # An action the OS refused in a way no stage foresaw (or a
@@ -298,9 +318,15 @@ class Teardown:
         if _mass.under_way() <= _mass.INLINE_MAX and not _signaller.pending():
             self._signal_step("domain", then(act()), sigs)
             return
-        job = _signaller.submit(act)
+        try:
+            job = _signaller.submit(act)
+        except RuntimeError:  # no thread can be started: send from the loop
+            self._signal_step("domain", then(act()), sigs)
+            return
         try:
             await job.done.wait()
+            # The thread reports many actions at once: take turns to go on.
+            await _mass.pace()
         except trio.Cancelled:
             if job.cancel():
                 self.step(
