@@ -11,13 +11,15 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import struct
 from functools import cache
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    import ctypes
 
 _IN_MODIFY = 0x00000002
 _IN_Q_OVERFLOW = 0x00004000
@@ -27,10 +29,17 @@ _EVENT = struct.Struct("iIII")
 
 @cache
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # dlopen(NULL): the symbols this process has loaded, libc's among them.
+    # No file is looked up (find_library would run ldconfig), and ctypes is
+    # imported only by a run that watches a cgroup.
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _raise_errno(path: str | None = None) -> None:
+    import ctypes
+
     err = ctypes.get_errno()
     raise OSError(err, os.strerror(err), path)
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Sequence
 
@@ -36,7 +35,7 @@ def enable_subreaper() -> None:
     global _enabled
     if _enabled:
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the symbols already loaded: libc's among them
     if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}")
