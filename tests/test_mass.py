@@ -222,3 +222,27 @@ async def test_a_turn_is_waited_for_within_the_caller_s_deadline() -> None:
         for who in range(1, 2 * _mass.PACE_CHUNK):
             nursery.start_soon(one, who, now + 30)
     assert sorted(went) == list(range(1, 2 * _mass.PACE_CHUNK))
+
+
+def test_turns_go_on_while_the_run_ends() -> None:
+    """Teardowns still running when the run ends (background commands, torn down in system tasks
+    that trio cancels at the end) keep getting turns: none waits out its deadline in the queue."""
+    import trio
+
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter()
+    outcomes: list[bool] = []  # per teardown: did its deadline expire while it took turns?
+
+    async def teardown() -> None:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 30) as scope:
+            for _ in range(3):
+                await _mass.pace()
+        outcomes.append(scope.cancelled_caught)
+
+    async def main() -> None:
+        for _ in range(3 * _mass.PACE_CHUNK):
+            trio.lowlevel.spawn_system_task(teardown)
+        # main returns at once: trio cancels the system tasks, the pump's among them
+
+    trio.run(main)
+    assert outcomes == [False] * (3 * _mass.PACE_CHUNK)

@@ -17,19 +17,20 @@
 # frozen: gc.freeze() moves it to the permanent generation, which
 # collections skip. While the freeze holds, each teardown that begins or
 # ends freezes again what has survived since (gc.freeze() is a splice of
-# lists, not a walk): CPython collects the oldest generation whenever it
-# has grown by a quarter since the last full collection, and after a freeze
-# a quarter of almost nothing comes soon (measured with a single freeze:
-# full collections of ~100 ms in the burst, over what the teardowns had
-# allocated). Garbage made during the burst is still freed by reference
-# counting; cycles among it wait for the thaw. When the last teardown of the burst
-# ends it is unfrozen (gc.unfreeze()), and the collector sees the whole heap
-# again. The freeze is bounded: held for FREEZE_MAX it is released at the
-# next teardown to start or end, and not taken again until the process has
-# had no teardown under way (a service that always has a few hundred in
-# flight does not keep its old heap out of reach for good). A program that
-# froze its own heap (gc.get_freeze_count() > 0 before we froze: a pre-fork
-# server, say) is left alone: we then neither freeze nor unfreeze.
+# lists, not a walk, with the GIL; see _REFREEZE): CPython collects the
+# oldest generation whenever it has grown by a quarter since the last full
+# collection, and after a freeze a quarter of almost nothing comes soon
+# (measured with a single freeze: full collections of ~100 ms in the burst,
+# over what the teardowns had allocated). Garbage made during the burst is
+# still freed by reference counting; cycles among it wait for the thaw. When
+# the last teardown of the burst ends it is unfrozen (gc.unfreeze()), and
+# the collector sees the whole heap again. The freeze is bounded: held for
+# FREEZE_MAX it is released at the next teardown to start or end, and not
+# taken again until the process has had no teardown under way (a service
+# that always has a few hundred in flight does not keep its old heap out of
+# reach for good). A program that froze its own heap (gc.get_freeze_count()
+# > 0 before we froze: a pre-fork server, say) is left alone: we then
+# neither freeze nor unfreeze.
 #
 # A stop is counted from when it is asked for (requested()), before its
 # teardown's task gets to run: when 2,000 blocks are cancelled together,
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import time
 
@@ -101,10 +103,18 @@ def enter(*, asked: bool = False) -> None:
         _maybe_freeze()
 
 
+# Where gc.freeze() is a splice of lists (CPython with the GIL), a burst
+# freezes again what survived (see above); on a free-threaded build it
+# stops the world and walks the heap, so there the first freeze is the only one.
+# (The build's ABI flags say which: "t" is free-threaded.)
+_REFREEZE = "t" not in getattr(sys, "abiflags", "")
+
+
 def _maybe_freeze() -> None:
     global _frozen_at
     if _frozen_at is not None:
-        gc.freeze()  # what survived since the last one joins the frozen heap
+        if _REFREEZE:
+            gc.freeze()  # what survived since the last one joins the frozen heap
     elif _active + _asked > INLINE_MAX and _frozen_at is None and not _spent and gc.get_freeze_count() == 0:
         gc.freeze()
         _frozen_at = time.monotonic()
@@ -116,7 +126,7 @@ def leave() -> None:
     with _lock:
         _active -= 1
         _expire()
-        if _frozen_at is not None and _active > 0:
+        if _frozen_at is not None and _active > 0 and _REFREEZE:
             gc.freeze()
         if _active <= 0:
             # Idle: asks not begun yet are forgotten too (one whose teardown
@@ -156,12 +166,18 @@ class _Turns:
         self.pumping = False
 
     async def pump(self) -> None:
+        # Shielded: when the run ends, trio cancels its system tasks, and
+        # teardowns still running then (background commands, say) must go on
+        # getting their turns. The pump runs only while someone waits, and
+        # each waiter's own deadline bounds that.
         try:
-            while self.queue:
-                self.queue.unpark(count=PACE_CHUNK)
-                await trio.lowlevel.checkpoint()
+            with trio.CancelScope(shield=True):
+                while self.queue:
+                    self.queue.unpark(count=PACE_CHUNK)
+                    await trio.lowlevel.checkpoint()
         finally:
             self.pumping = False
+            self.queue.unpark_all()
 
 
 _TURNS: trio.lowlevel.RunVar[_Turns] = trio.lowlevel.RunVar("trio_procown_turns")

@@ -190,18 +190,15 @@ class Teardown:
         return self.receipt
 
     async def _run(self) -> None:
+        self._verify_placement()
         machine = self.machine
         action = machine.next_action
-        verified = False
         while action is not Do.NOTHING:
             try:
                 # In a burst, take turns before each action: the waits
                 # before them end for many teardowns at once (the first:
                 # the cancel that reached them all).
                 await _mass.pace()
-                if not verified:
-                    verified = True
-                    self._verify_placement()
                 action = await self._perform(action)
             except Exception as exc:
                 # An action the OS refused in a way no stage foresaw (or a
@@ -325,8 +322,6 @@ class Teardown:
             return
         try:
             await job.done.wait()
-            # The thread reports many actions at once: take turns to go on.
-            await _mass.pace()
         except trio.Cancelled:
             if job.cancel():
                 self.step(
@@ -356,6 +351,8 @@ class Teardown:
                 )
             raise
         self._record_sent(job, submitted, sigs, then)
+        # The thread reports many actions at once: take turns to go on.
+        await _mass.pace()
 
     def _record_sent(
         self,
