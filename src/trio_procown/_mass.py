@@ -115,7 +115,7 @@ def _maybe_freeze() -> None:
     if _frozen_at is not None:
         if _REFREEZE:
             gc.freeze()  # what survived since the last one joins the frozen heap
-    elif _active + _asked > INLINE_MAX and _frozen_at is None and not _spent and gc.get_freeze_count() == 0:
+    elif _active + _asked > INLINE_MAX and not _spent and gc.get_freeze_count() == 0:
         gc.freeze()
         _frozen_at = time.monotonic()
 

@@ -119,8 +119,7 @@ def _report(finished: list[Job[Any]]) -> None:
 
 
 class _Worker:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self) -> None:
         self._jobs: deque[Job[Any]] = deque()
         self._wake = threading.Condition(threading.Lock())
         self._threads: list[threading.Thread] = []
@@ -132,13 +131,13 @@ class _Worker:
         with self._wake:
             self._jobs.append(job)
             if len(self._threads) < WORKERS:
-                thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
                 self._threads.append(thread)
                 try:
                     thread.start()
                 except RuntimeError:
                     self._threads.remove(thread)
-                    if not self._threads:
+                    if not self._threads:  # nobody would take the job
                         self._jobs.remove(job)
                         raise
             else:
@@ -170,7 +169,7 @@ class _Worker:
         self._threads = []
 
 
-_WORKER = _Worker(THREAD_NAME)
+_WORKER = _Worker()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WORKER.after_fork)
 
