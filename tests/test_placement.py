@@ -349,11 +349,13 @@ def test_spawner_in_a_writable_cache_is_not_loaded(
 _ENVIRON = [k + b"=" + v for k, v in os.environb.items()]
 
 
-def _spawn_and_read(argv: list[str], cwd: str | None = None) -> tuple[int, bytes]:
+def _spawn_and_read(
+    argv: list[str], cwd: str | None = None, env: list[bytes] = _ENVIRON
+) -> tuple[int, bytes]:
     r, w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pid, pidfd = _placement.spawn_into(argv[0], argv, _ENVIRON, cwd, (null, w, w), -1)
+        pid, pidfd = _placement.spawn_into(argv[0], argv, env, cwd, (null, w, w), -1)
     finally:
         os.close(w)
         os.close(null)
@@ -433,3 +435,23 @@ def test_spawner_keeps_stdio_given_in_any_order(fresh_spawner: Path) -> None:
     os.waitpid(pid, 0)
     os.close(pidfd)
     assert out == b"out\nerr\n"
+
+
+def test_spawner_environment_is_the_one_given_each_time(fresh_spawner: Path) -> None:
+    """The environment array is reused between spawns that share all but their last entry
+    (the census cookie): each command still sees exactly its own environment, also when the
+    shared part changes or the environment is empty."""
+
+    def env_of(env: list[bytes]) -> list[bytes]:
+        status, out = _spawn_and_read(["/bin/cat", "/proc/self/environ"], env=env)
+        assert status == 0
+        return out.split(b"\0")[:-1]
+
+    base = [b"A=1", b"B=2"]
+    assert env_of([*base, b"COOKIE=x"]) == [*base, b"COOKIE=x"]
+    assert env_of([*base, b"COOKIE=yy"]) == [*base, b"COOKIE=yy"]  # the cached head, a new tail
+    assert env_of([b"A=1", b"B=3", b"COOKIE=z"]) == [b"A=1", b"B=3", b"COOKIE=z"]  # a changed head
+    assert env_of([b"A=1", b"COOKIE=z"]) == [b"A=1", b"COOKIE=z"]  # a shorter one
+    assert env_of([]) == []
+    with pytest.raises(ValueError, match="null byte"):
+        env_of([b"A=1", b"B=\0", b"COOKIE=z"])

@@ -225,7 +225,7 @@ async def test_the_newest_mark_sends_a_wide_range_to_the_shared_scan_without_a_r
         return _procfs.Rows()
 
     monkeypatch.setattr(_procfs, "ranges_since", ranges_since)
-    monkeypatch.setattr(_procfs, "_snapshot", lambda ranges: _procfs.Rows())
+    monkeypatch.setattr(_procfs, "_snapshot", lambda ranges, known=0: _procfs.Rows())
     monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
 
     await _procfs.table_for(old)
@@ -243,3 +243,45 @@ def test_pid_mark_remembers_the_newest_mark() -> None:
     mark = _procfs.pid_mark()
     assert mark is not None
     assert [mark] == _procfs._NEWEST
+
+
+def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spawn_mark reuses the newest mark read if it is at most MARK_REUSE old (any earlier
+    mark is sound for a later spawn), and reads a fresh one otherwise."""
+    newest = PidMark(last_pid=500, forks=400, tasks=90)
+    fresh = PidMark(last_pid=510, forks=410, tasks=90)
+    reads: list[None] = []
+
+    def pid_mark() -> PidMark:
+        reads.append(None)
+        return fresh
+
+    clock = [100.0]
+    monkeypatch.setattr(_procfs, "pid_mark", pid_mark)
+    monkeypatch.setattr(_procfs.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(_procfs, "_NEWEST", [newest])
+    monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0] - _procfs.MARK_REUSE / 2])
+    assert _procfs.spawn_mark() is newest
+    assert reads == []
+    clock[0] += _procfs.MARK_REUSE
+    assert _procfs.spawn_mark() is fresh
+    assert reads == [None]
+    monkeypatch.setattr(_procfs, "_NEWEST", [])
+    assert _procfs.spawn_mark() is fresh
+
+
+def test_a_known_process_is_not_probed_for_being_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a narrow range, the pid the caller knows to be a process (its leader) is taken as
+    one without reading its status; every other pid is still probed."""
+    probed: list[int] = []
+
+    def is_process(pid: int) -> bool:
+        probed.append(pid)
+        return pid == 12
+
+    monkeypatch.setattr(_procfs, "is_process", is_process)
+    assert list(_procfs.candidate_pids([(10, 13)], known=11)) == [11, 12]
+    assert probed == [10, 12, 13]
+    probed.clear()
+    assert list(_procfs.candidate_pids([(10, 13)])) == [12]
+    assert probed == [10, 11, 12, 13]

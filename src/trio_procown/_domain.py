@@ -279,7 +279,7 @@ class ProcessGroupDomain(Domain):
         while True:
             await self.leader.wait()
             await trio.lowlevel.checkpoint()  # the bound (the caller's scope) can always fire
-            table = await _procfs.table_for(self.leader.mark)
+            table = await _procfs.table_for(self.leader.mark, known=self.leader.pid)
             live = self.live_members(table.rows)
             if not live:
                 return table

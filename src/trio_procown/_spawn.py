@@ -192,7 +192,7 @@ def spawn(
         else:
             err_fd = _output_fd("stderr", stderr, max_output, drains, targets, parent_fds, child_fds)
         program, spawn_argv = own_domain.command_line(argv, given_name(command, argv))
-        mark = _procfs.pid_mark()  # before the spawn: every descendant's pid comes after it
+        mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
         try:
             leader = Leader.spawn(
                 spawn_argv,

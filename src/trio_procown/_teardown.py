@@ -144,7 +144,8 @@ class Teardown:
     async def _table(self) -> ProcessTable:
         # The census will ask about our cookie in processes started since
         # the leader: a shared scan reads those environments once for all.
-        return await _procfs.table_for(self._leader.mark, COOKIE_KEY, self._leader.start)
+        leader = self._leader
+        return await _procfs.table_for(leader.mark, COOKIE_KEY, leader.start, leader.pid)
 
     def ask(self, when: float) -> None:
         """The owner asks for the stop at `when` (trio time): the bound
@@ -183,7 +184,7 @@ class Teardown:
                 with trio.CancelScope(deadline=cut, shield=True):
                     await self._cut_short()
                 if self.receipt is None:
-                    self._finish(_procfs.table_since(self._leader.mark, self._asked))
+                    self._finish(_procfs.table_since(self._leader.mark, self._asked, self._leader.pid))
         except Exception as exc:
             self._emergency_receipt(exc)
         assert self.receipt is not None
@@ -438,7 +439,7 @@ class Teardown:
             if machine.signals_escapees:
                 # Without waiting: a scan begun since our deadline passed
                 # (another teardown starved with us took it) will do.
-                table = _procfs.table_since(self._leader.mark, self._asked)
+                table = _procfs.table_since(self._leader.mark, self._asked, self._leader.pid)
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
                     self._signal_escapees(escapees, _FORCE)
