@@ -397,6 +397,15 @@ def test_doctor_names_the_domains_and_the_choice() -> None:
     assert "cgroup" in text
     assert "process-group" in text
     assert "auto picks: " in text
+    from trio_procown import _cgroup
+
+    root = _cgroup.default_root()
+    if (
+        root is not None
+        and _cgroup.unavailable_reason(root) is None
+        and _cgroup.spawns_into(os.path.realpath(root))
+    ):
+        assert "cgroup spawn cost (measured now" in text  # the cost of this machine, measured
 
 
 def test_demo_runs_and_every_receipt_holds() -> None:

@@ -388,6 +388,7 @@ NORMALISE = [
     # How many members are still zombies at the final check is a race (below).
     (re.compile(r"\d+ (terminated member\(s\) were left as zombies)"), r"N \1"),
     (re.compile(r"pid N \[zombie\](, pid N \[zombie\])*"), "pid N [zombie]..."),
+    (re.compile(r"\b\d+\.\d\d ms\b"), "T ms"),  # doctor's measured spawn costs
     (re.compile(r"\s+$"), ""),
 ]
 
@@ -403,6 +404,8 @@ UNSTABLE = [
     re.compile(r"^note: cgroup2 is mounted without favordynmods"),
     # `procown doctor`'s line on a Slurm cluster, which depends on the machine.
     re.compile(r"^slurm \(--domain slurm, never picked by auto\)"),
+    # `procown doctor`'s measured spawn costs: only where the spawner places commands.
+    re.compile(r"^cgroup spawn cost \(measured now"),
 ]
 
 

@@ -457,3 +457,22 @@ async def test_the_inherited_environment_is_read_at_each_spawn() -> None:
         del os.environ["PROCOWN_T_VAR"]
     third = await trio_procown.run_owned(["sh", "-c", 'echo "${PROCOWN_T_VAR-unset}"'])
     assert [first.stdout, second.stdout, third.stdout] == [b"unset\n", b"set\n", b"unset\n"]
+
+
+@pytest.mark.timeout(60)
+def test_spawn_costs_measure_each_figure_and_leave_no_cgroup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `procown doctor` measures: three positive figures where the spawner creates
+    commands inside their cgroup (None where it does not), and no cgroup left behind."""
+    root = os.path.realpath(_cgroup.default_root() or "")
+    if _cgroup.unavailable_reason(root) is not None or not _cgroup.spawns_into(root):
+        pytest.skip("the spawner is not available here")
+    monkeypatch.setattr(_cgroup, "COST_SAMPLES", 2)
+    monkeypatch.setattr(_cgroup, "COST_IDLE", 0.01)
+    before = set(os.listdir(root))
+    costs = _cgroup.spawn_costs()
+    assert costs is not None
+    assert set(costs) == {"into a cgroup", "into a cgroup after idle", "own cgroup after idle"}
+    assert all(0 < taken < _cgroup._COST_WAIT for taken in costs.values()), costs
+    assert {n for n in set(os.listdir(root)) - before if n.startswith("procown-")} == set()
+    monkeypatch.setattr(_cgroup, "spawns_into", lambda root: False)
+    assert _cgroup.spawn_costs() is None

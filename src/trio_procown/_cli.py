@@ -67,7 +67,7 @@ from typing import IO, Any, Literal, NoReturn, TextIO, TypeVar
 import trio
 
 from . import __version__
-from ._cgroup import placement_method, spawn_cost_note
+from ._cgroup import COST_IDLE, COST_SAMPLES, placement_method, spawn_cost_note, spawn_costs
 from ._choice import auto_choice, available_domains
 from ._command import OwnedCommand, open_owned_command
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream
@@ -652,6 +652,15 @@ def doctor(*, clean: bool = False) -> int:
     lines.append(f"escape evidence: {evidence}; process-group: {census_evidence}")
     if kernel:
         lines.append(f"cgroup placement: {placement_method()}")
+        costs = spawn_costs()
+        if costs is not None:
+            ms = {name: f"{taken * 1e3:.2f} ms" for name, taken in costs.items()}
+            lines.append(
+                f"cgroup spawn cost (measured now: /bin/true, median of {COST_SAMPLES}): "
+                f"{ms['into a cgroup']} back to back, {ms['into a cgroup after idle']} after "
+                f"{COST_IDLE * 1e3:g} ms idle "
+                f"({ms['own cgroup after idle']} in our own cgroup after the same idle)"
+            )
     lines.append(_slurm_line())
     stale_lines, cleaned = _stale_domains(clean)
     lines.extend(stale_lines)
