@@ -476,3 +476,65 @@ def test_spawn_costs_measure_each_figure_and_leave_no_cgroup(monkeypatch: pytest
     assert {n for n in set(os.listdir(root)) - before if n.startswith("procown-")} == set()
     monkeypatch.setattr(_cgroup, "spawns_into", lambda root: False)
     assert _cgroup.spawn_costs() is None
+
+
+# A child that leaves the command's session and moves itself out of its
+# cgroup into CG_TARGET's (a root-only escape), prints its pid once outside,
+# then waits: only the census can find it.
+LEAVES_ITS_CGROUP = """
+import os, time
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    with open(os.environ["CG_TARGET"], "w") as f:
+        f.write("0")
+    print("pid", os.getpid(), flush=True)
+    time.sleep(30)
+    os._exit(0)
+time.sleep(30)
+"""
+
+
+@needs_cgroup
+@pytest.mark.skipif(os.geteuid() != 0, reason="leaving a cgroup for another takes privilege")
+@pytest.mark.timeout(30)
+async def test_in_a_burst_a_cgroup_escapee_is_still_found_and_terminated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a burst a verified cgroup's teardown waits for the cgroup to empty before its census
+    (one scan instead of two); a member that left the cgroup is still found there, gets the
+    graceful signal and is waited for: terminated, not reported as alive."""
+    from trio_procown import _mass
+
+    own = _cgroup.own_cgroup_dir()
+    assert own is not None
+    monkeypatch.setattr(_mass, "in_burst", lambda: True)
+    env = dict(os.environ, CG_TARGET=os.path.join(own, "cgroup.procs"))
+    async with trio_procown.open_owned_command(
+        py(LEAVES_ITS_CGROUP), domain="cgroup", env=env, grace=2.0
+    ) as run:
+        async for line in run.lines():
+            if line.startswith("pid "):
+                break
+        receipt = await run.terminate()
+    (escapee,) = pids_in(run.stdout)
+    assert not alive(escapee)
+    assert receipt.escaped == ()
+    assert [c.pid for c in receipt.census] == [escapee], receipt.census
+    assert not receipt.forced
+    signalled = [s for s in receipt.steps if s.target == "escapees"]
+    assert signalled, receipt.steps
+    assert "SIGTERM" in signalled[0].signals, receipt.steps
+
+
+def test_only_a_verified_cgroup_empties_without_a_scan() -> None:
+    """The kernel's cgroup.events says a verified cgroup is empty; a process group (or a cgroup
+    whose placement is unproven, judged by its group too) needs the process table."""
+    from trio_procown._domain import ProcessGroupDomain
+
+    assert not ProcessGroupDomain().empties_without_scan()
+    if HAS_CGROUP:
+        domain = _cgroup.CgroupDomain()
+        assert not domain.empties_without_scan()  # pending until the leader is seen inside
+        domain.placement = "verified"
+        assert domain.empties_without_scan()

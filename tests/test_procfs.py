@@ -146,7 +146,7 @@ async def test_one_scan_serves_every_request_made_before_it(monkeypatch: pytest.
     scans: list[float] = []
     gate = trio.Event()
 
-    async def slow_scan() -> _procfs.Rows:
+    async def slow_scan(urgent: object = None) -> _procfs.Rows:
         scans.append(trio.current_time())
         await gate.wait()
         return _procfs.Rows()
@@ -220,7 +220,7 @@ async def test_the_newest_mark_sends_a_wide_range_to_the_shared_scan_without_a_r
         reads.append(mark)
         return [(8991, 9000)]
 
-    async def slow_scan() -> _procfs.Rows:
+    async def slow_scan(urgent: object = None) -> _procfs.Rows:
         shared.append(None)
         return _procfs.Rows()
 
@@ -285,3 +285,55 @@ def test_a_known_process_is_not_probed_for_being_a_thread(monkeypatch: pytest.Mo
     probed.clear()
     assert list(_procfs.candidate_pids([(10, 13)])) == [12]
     assert probed == [10, 11, 12, 13]
+
+
+async def _gather_with(monkeypatch: pytest.MonkeyPatch, waiting: int, expected: int, burst: bool) -> float:
+    """How long _gather holds a round back with `waiting` of `expected` teardowns parked."""
+    import time
+
+    import trio
+    import trio.testing
+
+    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: burst)
+    monkeypatch.setattr(_procfs._mass, "expected", lambda: expected)
+    this = _procfs._Round()
+    async with trio.open_nursery() as nursery:
+        for _ in range(waiting):
+            nursery.start_soon(this.waiting.park)
+        await trio.testing.wait_all_tasks_blocked()
+        started = time.perf_counter()
+        await _procfs._gather(this)
+        took = time.perf_counter() - started
+        this.waiting.unpark_all()
+    return took
+
+
+async def test_a_round_in_a_burst_waits_for_the_teardowns_expected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a burst a round waits to start while teardowns are still expected to ask, at most
+    GATHER_MAX; it starts at once when every teardown expected waits, or outside a burst."""
+    monkeypatch.setattr(_procfs, "GATHER_MAX", 0.05)
+    assert await _gather_with(monkeypatch, 1, 3, burst=True) >= 0.05
+    assert await _gather_with(monkeypatch, 3, 3, burst=True) < 0.05
+    assert await _gather_with(monkeypatch, 1, 3, burst=False) < 0.05
+
+
+def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared scan takes SCAN_SLICE_URGENT slices while at least half the teardowns expected
+    wait for it or for the round after it; never outside a burst."""
+    coalescer = _procfs._Coalescer()
+    running, following = _procfs._Round(), _procfs._Round()
+    coalescer._running, coalescer._next = running, following
+    monkeypatch.setattr(_procfs._mass, "expected", lambda: 10)
+    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: True)
+    sizes = {"running": 2, "next": 3}
+    monkeypatch.setattr(
+        _procfs.trio.lowlevel.ParkingLot,
+        "__len__",
+        lambda lot: sizes["running" if lot is running.waiting else "next"],
+    )
+    assert coalescer._urgent()  # 2 + 3 of 10
+    sizes["next"] = 2
+    assert not coalescer._urgent()  # 4 of 10
+    sizes["next"] = 3
+    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: False)
+    assert not coalescer._urgent()

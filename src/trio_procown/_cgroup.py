@@ -585,6 +585,11 @@ class CgroupDomain(Domain):
     def pgid_inside(self) -> int:
         return self._group.pgid if self.placement == "failed" else -1
 
+    def empties_without_scan(self) -> bool:
+        # cgroup.events, watched by inotify; not while placement is unproven
+        # (the process group is judged too then, by a scan).
+        return self.placement == "verified"
+
     @property
     def escape_evidence(self) -> str:
         # Only a leader seen inside the cgroup proves its descendants are there.

@@ -176,6 +176,11 @@ class Domain(abc.ABC):
         census need not read its members."""
         return -1
 
+    def empties_without_scan(self) -> bool:
+        """Does wait_empty() learn that the domain is empty without a scan
+        of the process table (the kernel says so)?"""
+        return False
+
     @property
     def escape_evidence(self) -> str:
         """How processes that left the domain are known (receipt field):

@@ -83,6 +83,16 @@ def under_way() -> int:
     return _active
 
 
+def expected() -> int:
+    """Teardowns under way plus stops asked for whose teardown has not begun."""
+    return _active + _asked
+
+
+def in_burst() -> bool:
+    """Are more than INLINE_MAX teardowns under way or about to begin?"""
+    return _active + _asked > INLINE_MAX
+
+
 def requested() -> None:
     """A stop was asked for; its teardown will begin with enter(asked=True)."""
     global _asked

@@ -39,6 +39,9 @@
 #   requests made while a scan runs join the next round, which begins when
 #   that scan ends. A round always *starts* after each of its requests was
 #   made, so a shared table is never older than the question it answers.
+# - In a burst (_mass.in_burst) a round waits to start while teardowns are
+#   still expected to ask (_gather, at most GATHER_MAX): 2,000 teardowns
+#   asking over ~2 s made 4-5 rounds of ~0.2 s of loop each.
 # - The scan and the environment reads yield to the event loop every
 #   SCAN_SLICE seconds instead of holding it for the whole table. (Not in a
 #   worker thread: measured, with 2,000 teardowns over 10,000 processes the
@@ -62,10 +65,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import trio
+
+from . import _mass
 
 # psutil is imported where it is used: only off Linux.
 
@@ -313,9 +318,10 @@ def _snapshot(ranges: list[tuple[int, int]] | None, known: int = 0) -> Rows:
     return Rows(_psutil_rows())
 
 
-async def _snapshot_in_slices() -> Rows:
+async def _snapshot_in_slices(urgent: Callable[[], bool] = lambda: False) -> Rows:
     """A full scan (as _snapshot(None)) that yields to the event loop every
-    SCAN_SLICE seconds (longer slices when it is starved: see SCAN_SHARE)."""
+    SCAN_SLICE seconds (longer slices when it is starved: see SCAN_SHARE;
+    SCAN_SLICE_URGENT while `urgent()` says most of the loop waits for it)."""
     if not IS_LINUX:
         return _snapshot(None)
     rows = Rows()
@@ -341,6 +347,8 @@ async def _snapshot_in_slices() -> Rows:
                 await trio.lowlevel.checkpoint()
                 waited = time.perf_counter() - paused
                 span = min(SCAN_SLICE_MAX, max(SCAN_SLICE, waited * SCAN_SHARE))
+                if urgent():
+                    span = SCAN_SLICE_URGENT
     return rows
 
 
@@ -421,10 +429,19 @@ SCAN_SLICE = 0.004
 # loop, and when 2,000 teardowns are busy a turn lasts 50-400 ms, so at 4 ms
 # a turn a scan of 10,000 processes took 1.5-2.5 s and the teardowns waiting
 # for it ran past their deadlines. A scan that waited W for its turn scans
-# for SCAN_SHARE * W (at least SCAN_SLICE, at most SCAN_SLICE_MAX, which
-# stays under the 20 ms loop stall the project allows).
-SCAN_SHARE = 0.25
-SCAN_SLICE_MAX = 0.015
+# for SCAN_SHARE * W (at least SCAN_SLICE, at most SCAN_SLICE_MAX): as long
+# as the rest of the batch, so a scan gets half of a busy loop. With a
+# quarter, capped at 15 ms (under the 20 ms stall the project aims for), a
+# round of 10,000 rows took 0.7-1.3 s while the burst's teardowns queued
+# behind it, and 2,000 blocks ran past their bound; the price of 50 ms is
+# a longer stall (measured: docs/chaos.md, Scaling).
+SCAN_SHARE = 1.0
+SCAN_SLICE_MAX = 0.05
+# ... and while at least half the teardowns under way wait for this scan or
+# the next (a burst whose every teardown needs a table: small slices then
+# only made them all wait longer; measured, a round of 10,000 rows took
+# 1.0-1.2 s on a busy loop while ~1,990 teardowns queued for the next one).
+SCAN_SLICE_URGENT = 0.05
 # A shared table is handed to at most this many waiting teardowns per turn
 # of the loop (see _Coalescer._scan).
 WAKE_CHUNK = 32
@@ -596,6 +613,22 @@ class _Round:
         self.environs: dict[bytes, int] = {}
 
 
+# In a burst (more than _mass.INLINE_MAX teardowns under way), a round
+# waits to start while teardowns keep joining it: until a turn of the loop
+# brings nobody new, everyone under way is waiting, or GATHER_MAX has
+# passed. Each round reads the whole table (~0.25 s of the loop for 10,000
+# processes); 2,000 teardowns asking over ~2 s made 4-5 rounds.
+GATHER_MAX = 0.25
+
+
+async def _gather(this: _Round) -> None:
+    until = trio.current_time() + GATHER_MAX
+    while _mass.in_burst() and trio.current_time() < until:
+        if len(this.waiting) >= _mass.expected():
+            return
+        await trio.lowlevel.checkpoint()
+
+
 class _Coalescer:
     """Shares one full scan among every request made before it starts.
 
@@ -624,6 +657,11 @@ class _Coalescer:
             raise RuntimeError(msg)
         return this.table
 
+    def _urgent(self) -> bool:
+        """Do at least half the teardowns under way wait for a table?"""
+        waiting = sum(len(r.waiting) for r in (self._running, self._next) if r is not None)
+        return _mass.in_burst() and 2 * waiting >= _mass.expected()
+
     async def _scan(self, this: _Round) -> None:
         try:
             running = self._running
@@ -631,10 +669,11 @@ class _Coalescer:
                 await running.done.wait()
             # Let every teardown that asks in this batch join this round.
             await trio.lowlevel.checkpoint()
+            await _gather(this)
             self._next = None
             self._running = this
             began = trio.current_time()
-            table = ProcessTable(await _snapshot_in_slices(), began)
+            table = ProcessTable(await _snapshot_in_slices(self._urgent), began)
             for key, since in this.environs.items():
                 await table.read_environs(key, since)
             this.table = self.latest = table
