@@ -519,11 +519,13 @@ class CloneRefused(OSError):
 _ENV_ARRAY: list[Any] = [None, None]
 
 
-def _env_array(env: Sequence[bytes]) -> Any:
-    """A NULL-terminated char* array of `env`. Commands mostly inherit our
-    environment (child_environment gives them the same entry objects) and
-    differ only in their last entry, the census cookie: the array of the
-    others is built once and copied (~13 us a spawn for 36 entries, else)."""
+def _env_array(env: Sequence[bytes]) -> tuple[Any, Any]:
+    """A NULL-terminated char* array of `env`, and the array whose entries
+    it points into (keep it until the spawn is over: another thread may
+    replace the cache meanwhile). Commands mostly inherit our environment
+    (child_environment gives them the same entry objects) and differ only in
+    their last entry, the census cookie: the array of the others is built
+    once and copied (~13 us a spawn for 36 entries, else)."""
     import ctypes
 
     n = len(env)
@@ -532,11 +534,11 @@ def _env_array(env: Sequence[bytes]) -> Any:
     if n == 0 or cached_head is None or len(cached_head) != n - 1 or cached_head != head:
         cached = (ctypes.c_char_p * (n + 1))(*env, None)
         _ENV_ARRAY[:] = [list(head), cached]  # the array keeps the entries alive
-        return (ctypes.c_char_p * (n + 1))(*env, None)
-    array = type(cached)()
-    ctypes.memmove(array, cached, ctypes.sizeof(cached))  # pointers into entries the cache keeps
-    array[n - 1] = env[-1]
-    return array
+    array = type(cached)()  # a copy: the cached array itself is never changed
+    ctypes.memmove(array, cached, ctypes.sizeof(cached))
+    if n:
+        array[n - 1] = env[-1]
+    return array, cached
 
 
 def _spawn_with(
@@ -562,7 +564,7 @@ def _spawn_with(
         msg = "embedded null byte"
         raise ValueError(msg)
     c_argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
-    c_env = _env_array(env)
+    c_env, _entries = _env_array(env)  # _entries: held until fn() returns
     pid = fn(
         os.fsencode(program),
         c_argv,
