@@ -340,9 +340,9 @@ trio.run(main)
 """
 
 
-def _owner_then_sigkill(tag: str, keeper: str) -> tuple[str, float]:
-    """Start an owner process, SIGKILL it once its job runs; the job's name
-    and when the owner died."""
+def _owner_then_sigkill(tag: str, keeper: str) -> tuple[str, float, int]:
+    """Start an owner process, SIGKILL it once its job runs; the job's name,
+    when the owner died, and its pid."""
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, MARKER, tag, keeper], stdout=subprocess.PIPE, start_new_session=True
     )
@@ -356,7 +356,22 @@ def _owner_then_sigkill(tag: str, keeper: str) -> tuple[str, float]:
         owner.wait()
         if owner.stdout is not None:
             owner.stdout.close()
-    return name, time.monotonic()
+    return name, time.monotonic(), owner.pid
+
+
+def _keepers_of(owner: int) -> list[int]:
+    """Live keepers serving the owner `owner` (by their command line)."""
+    needle = f"_keeper.serve({owner})".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
 
 
 def _wait_job_gone(name: str, bound: float) -> float:
@@ -371,7 +386,7 @@ def _wait_job_gone(name: str, bound: float) -> float:
 def test_job_ends_by_its_time_limit_when_the_owner_is_sigkilled(tag: str) -> None:
     """SIGKILL the owner (no keeper): the job still ends by itself, at its
     --time (timeout 5 s + budgets -> 1 minute), with nothing left on the node."""
-    name, died = _owner_then_sigkill(tag, "no-keeper")
+    name, died, _ = _owner_then_sigkill(tag, "no-keeper")
     time.sleep(1)
     assert job_listed(name) == "RUNNING"  # nobody ended it: only the engine will
     waited = _wait_job_gone(name, bound=200)
@@ -387,10 +402,11 @@ def test_job_ends_by_its_time_limit_when_the_owner_is_sigkilled(tag: str) -> Non
 def test_keeper_ends_the_job_when_the_owner_is_sigkilled(tag: str) -> None:
     """SIGKILL the owner with its keeper on: the keeper ends srun, and
     Slurm aborts the job's step at once (no waiting for --time)."""
-    name, _ = _owner_then_sigkill(tag, "keeper")
+    name, _, owner = _owner_then_sigkill(tag, "keeper")
     waited = _wait_job_gone(name, bound=30)
     assert waited < 15, waited
     deadline = time.monotonic() + 10
-    while processes_with(tag) and time.monotonic() < deadline:
+    while (processes_with(tag) or _keepers_of(owner)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(tag) == []
+    assert _keepers_of(owner) == []  # its ladder done, the keeper exits too (within its bound)
