@@ -613,11 +613,11 @@ class _Round:
         self.environs: dict[bytes, int] = {}
 
 
-# In a burst (more than _mass.INLINE_MAX teardowns under way), a round
-# waits to start while teardowns keep joining it: until a turn of the loop
-# brings nobody new, everyone under way is waiting, or GATHER_MAX has
-# passed. Each round reads the whole table (~0.25 s of the loop for 10,000
-# processes); 2,000 teardowns asking over ~2 s made 4-5 rounds.
+# In a burst (_mass.in_burst), a round waits to start until every teardown
+# expected (under way, or asked for and about to begin) is waiting for it,
+# or GATHER_MAX has passed. Each round reads the whole table (~0.25 s of
+# the loop for 10,000 processes); 2,000 teardowns asking over ~2 s made 4-5
+# rounds.
 GATHER_MAX = 0.25
 
 
@@ -658,7 +658,7 @@ class _Coalescer:
         return this.table
 
     def _urgent(self) -> bool:
-        """Do at least half the teardowns under way wait for a table?"""
+        """In a burst, do at least half the teardowns expected wait for a table?"""
         waiting = sum(len(r.waiting) for r in (self._running, self._next) if r is not None)
         return _mass.in_burst() and 2 * waiting >= _mass.expected()
 

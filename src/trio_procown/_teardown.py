@@ -147,6 +147,11 @@ class Teardown:
         leader = self._leader
         return await _procfs.table_for(leader.mark, COOKIE_KEY, leader.start, leader.pid)
 
+    def _table_since_asked(self) -> ProcessTable:
+        """A table begun after self._asked, without waiting (see table_since)."""
+        leader = self._leader
+        return _procfs.table_since(leader.mark, self._asked, leader.pid)
+
     def ask(self, when: float) -> None:
         """The owner asks for the stop at `when` (trio time): the bound
         counts from then, and the stop counts towards a burst (_mass.py)
@@ -184,7 +189,7 @@ class Teardown:
                 with trio.CancelScope(deadline=cut, shield=True):
                     await self._cut_short()
                 if self.receipt is None:
-                    self._finish(_procfs.table_since(self._leader.mark, self._asked, self._leader.pid))
+                    self._finish(self._table_since_asked())
         except Exception as exc:
             self._emergency_receipt(exc)
         assert self.receipt is not None
@@ -448,7 +453,7 @@ class Teardown:
             if machine.signals_escapees:
                 # Without waiting: a scan begun since our deadline passed
                 # (another teardown starved with us took it) will do.
-                table = _procfs.table_since(self._leader.mark, self._asked, self._leader.pid)
+                table = self._table_since_asked()
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
                     self._signal_escapees(escapees, _FORCE)

@@ -18,8 +18,8 @@
  * caller is suspended until the child has exec'd or exited, so the frame
  * outlives every use. As in both, every signal is blocked around the clone
  * (a Python signal handler must never run in the child) and the child
- * resets to the default every signal that has a handler, and SIGPIPE and SIGXFSZ (which
- * Python ignores; subprocess's restore_signals), before restoring the mask
+ * resets to the default every signal that has a handler, and SIGPIPE and
+ * SIGXFSZ (which Python ignores; subprocess's restore_signals), before restoring the mask
  * and exec'ing. It closes every descriptor above 2 (close_range), as
  * subprocess's close_fds does. An exec failure is reported through memory
  * the child shares with the caller.
@@ -32,11 +32,11 @@
  * build and the shim is used.
  */
 #define _GNU_SOURCE
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
-#include <assert.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
