@@ -105,6 +105,7 @@ async def test_unreadable_environments_are_said(monkeypatch: pytest.MonkeyPatch)
         return real(pid, unreadable)
 
     monkeypatch.setattr(_procfs, "read_environ", guarded)
+    monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)  # a shared scan reads through `guarded` too
     # A setsid member (outside the group, so the census must read it) that
     # the census cannot see: it survives, and the receipt must not pretend.
     result = await trio_procown.run_owned(

@@ -538,3 +538,37 @@ def test_only_a_verified_cgroup_empties_without_a_scan() -> None:
         assert not domain.empties_without_scan()  # pending until the leader is seen inside
         domain.placement = "verified"
         assert domain.empties_without_scan()
+
+
+@needs_cgroup
+async def test_cgroup_events_are_read_through_one_descriptor_closed_at_release() -> None:
+    """The teardown's emptiness checks read cgroup.events through a descriptor opened at the
+    first check (no path lookup each time) and closed when the cgroup is removed."""
+    async with trio_procown.open_owned_command("sleep 30", domain="cgroup", stdout="devnull") as run:
+        domain = run._spawned.domain
+        assert isinstance(domain, _cgroup.CgroupDomain)
+        assert domain._events_fd is None  # nothing held while the command runs
+        assert not domain._unpopulated()  # the check reads "populated 1"
+        assert domain._events_fd is not None
+        await run.terminate()
+    assert run.receipt is not None
+    assert run.receipt.domain_empty
+    assert domain._events_fd is None
+    assert not os.path.exists(domain.path)
+
+
+@needs_cgroup
+def test_a_removed_cgroup_reads_as_empty_through_its_descriptor() -> None:
+    from trio_procown._cgroup import populated_at
+
+    path = os.path.join(_cgroup.CgroupDomain().root, f"procown-test-events-{os.getpid()}")
+    os.mkdir(path)
+    try:
+        fd = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
+        assert populated_at(fd, path) is False  # made empty
+    finally:
+        os.rmdir(path)
+    try:
+        assert populated_at(fd, path) is False  # its files read ENODEV once it is gone
+    finally:
+        os.close(fd)

@@ -65,3 +65,63 @@ async def test_lines_without_trailing_newline() -> None:
     """The last line is yielded even without a newline; empty input yields nothing."""
     assert [x async for x in lines(_aiter([b"a\nb"]), "utf-8", "strict")] == ["a\n", "b"]
     assert [x async for x in lines(_aiter([]), "utf-8", "strict")] == []
+
+
+# -- the teardown taking a pipe's end (Drain.take_eof) --------------------------------------
+
+
+async def test_take_eof_reads_what_is_left_in_order_then_the_end() -> None:
+    import os
+
+    import trio
+    import trio.testing
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    drain = Drain("stdout", r, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain.run)
+        os.write(w, b"early ")
+        await trio.testing.wait_all_tasks_blocked()  # read "early ", then parked on the pipe
+        assert drain._parked
+        os.write(w, b"late")
+        os.close(w)
+        assert drain.take_eof() is False  # "late" was still there: appended, the end not seen yet
+        assert drain.take_eof() is True
+        assert drain.done.is_set()
+        assert drain.eof
+    # The reading task, woken by the close, ended without an error and without reading again.
+    assert drain.capture.getvalue() == b"early late"
+
+
+async def test_take_eof_leaves_a_pipe_with_a_writer_to_its_task() -> None:
+    import os
+
+    import trio
+    import trio.testing
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    drain = Drain("stdout", r, 1 << 20)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert drain.take_eof() is False  # nothing to read, the writer still open
+        assert not drain.done.is_set()
+        os.write(w, b"more")
+        os.close(w)
+        await drain.done.wait()
+    assert drain.eof
+    assert drain.capture.total == 4
+
+
+async def test_commands_ending_at_once_lose_no_output_to_the_teardown_taking_the_end() -> None:
+    """The teardown sees a pipe's end itself when the command has exited; the reading task may
+    already be woken then: it must neither read a closed descriptor nor lose a byte."""
+    import trio_procown
+
+    for _ in range(150):
+        result = await trio_procown.run_owned(["sh", "-c", "echo out; echo err >&2"], domain="process-group")
+        assert (result.stdout, result.stderr, result.receipt.output) == (b"out\n", b"err\n", "complete")

@@ -151,6 +151,7 @@ async def test_one_scan_serves_every_request_made_before_it(monkeypatch: pytest.
         await gate.wait()
         return _procfs.Rows()
 
+    monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)  # the Python scan, replaced above
     monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
     monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
     tables: dict[str, _procfs.ProcessTable] = {}
@@ -225,6 +226,7 @@ async def test_the_newest_mark_sends_a_wide_range_to_the_shared_scan_without_a_r
         return _procfs.Rows()
 
     monkeypatch.setattr(_procfs, "ranges_since", ranges_since)
+    monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)  # the Python scan, replaced below
     monkeypatch.setattr(_procfs, "_snapshot", lambda ranges, known=0: _procfs.Rows())
     monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
 

@@ -199,10 +199,11 @@ async def test_unreadable_cgroup_events_prove_nothing(monkeypatch: pytest.Monkey
     NOT claimed empty, and the failed read is a step of the receipt."""
     from trio_procown import _cgroup
 
-    def unreadable(path: str) -> bool:
+    def unreadable(*where: object) -> bool:
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(_cgroup, "populated", unreadable)
+    monkeypatch.setattr(_cgroup, "populated_at", unreadable)  # through the descriptor kept open
     start = trio.current_time()
     result = await trio_procown.run_owned(SLEEPER, domain="cgroup", timeout=0.1, **BUDGETS)
     monkeypatch.undo()

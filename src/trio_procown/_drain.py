@@ -147,6 +147,7 @@ class Drain:
         self._progress: trio.Event | None = None
         self._changed: trio.Event | None = None
         self.skipped = 0  # bytes consumers skipped because they were dropped first
+        self._parked = False  # the reading task waits for the pipe to be readable
         os.set_blocking(fd, False)
 
     def _notify(self) -> None:
@@ -193,7 +194,17 @@ class Drain:
                     try:
                         data = os.read(fd, want)
                     except BlockingIOError:
-                        await trio.lowlevel.wait_readable(fd)
+                        self._parked = True
+                        try:
+                            await trio.lowlevel.wait_readable(fd)
+                        except trio.ClosedResourceError:
+                            if self.eof:  # take_eof() read the end and closed the pipe
+                                return
+                            raise
+                        finally:
+                            self._parked = False
+                        if self.eof:  # ... after this task was woken, before it ran
+                            return
                         continue
                     except OSError as exc:
                         if exc.errno != errno.EIO:
@@ -217,6 +228,33 @@ class Drain:
                 self._stopped.set()
             else:
                 self._finish()
+
+    def take_eof(self) -> bool:
+        """Once the command has exited, see at once whether the pipe is at
+        its end, instead of waiting for the reading task's turn: True if the
+        drain is done. Only while that task waits for the pipe (trio runs
+        one task at a time, so no byte is read by two) and no lossless
+        consumer holds it back; bytes still in the pipe are left to it."""
+        if self.done.is_set():
+            return True
+        fd = self.fd
+        if fd is None or not self._parked or self._holders or self._pausing or self.abandoned:
+            return False
+        try:
+            data = os.read(fd, FIRST_READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                return False  # the reading task meets it too, and says so
+            data = b""
+        if data:
+            self.capture.append(data)  # in order: the task is parked, and reads after this
+            self._notify()
+            return False
+        self.eof = True
+        self._finish()  # closing the pipe wakes the parked task, which returns
+        return True
 
     def _room(self) -> int:
         """How many bytes may be appended without dropping any byte that a

@@ -491,22 +491,38 @@ def _function(path: str) -> Any:
 
     fn = _LOADED.get(path)
     if fn is None:
-        fn = ctypes.CDLL(path).procown_spawn
-        fn.restype = ctypes.c_long
-        fn.argtypes = [
-            ctypes.c_char_p,
-            ctypes.POINTER(ctypes.c_char_p),
-            ctypes.POINTER(ctypes.c_char_p),
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.POINTER(ctypes.c_int),
-            ctypes.POINTER(ctypes.c_int),
-        ]
-        _LOADED[path] = fn
+        lib = ctypes.CDLL(path)
+        c_int, c_long, c_str = ctypes.c_int, ctypes.c_long, ctypes.c_char_p
+        strs, int_out = ctypes.POINTER(c_str), ctypes.POINTER(c_int)
+        # (path, argv, envp, cwd, in, out, err, cgroup_fd, *pidfd, *errno)
+        spawn_args = (c_str, strs, strs, c_str, c_int, c_int, c_int, c_int, int_out, int_out)
+        fn = _LOADED[path] = _bind(lib.procown_spawn, *spawn_args)
+        if not _SCANNER:
+            # (out, cap, key, key_len, since, self_pid, retries, *errno, *need)
+            scan_args = (c_str, c_long, c_str, c_long, ctypes.c_ulonglong, c_int, c_int, int_out)
+            _SCANNER.append(_bind(lib.procown_scan, *scan_args, ctypes.POINTER(c_long)))
     return fn
+
+
+def _bind(fn: Any, *argtypes: Any) -> Any:
+    """A C function of the spawner, returning long, with its argument types."""
+    import ctypes
+
+    fn.restype = ctypes.c_long
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+# procown_scan of the first spawner loaded (_procfs.native_table): the
+# library stays mapped once loaded, and was verified when it was.
+_SCANNER: list[Any] = []
+
+
+def loaded_scanner() -> Any | None:
+    """The spawner's process-table scanner if a spawner is loaded in this
+    process, else None (never builds nor loads one: callers are on a
+    teardown's path)."""
+    return _SCANNER[0] if _SCANNER else None
 
 
 class CloneRefused(OSError):

@@ -42,10 +42,14 @@
 # - In a burst (_mass.in_burst) a round waits to start while teardowns are
 #   still expected to ask (_gather, at most GATHER_MAX): 2,000 teardowns
 #   asking over ~2 s made 4-5 rounds of ~0.2 s of loop each.
-# - The scan and the environment reads yield to the event loop every
-#   SCAN_SLICE seconds instead of holding it for the whole table. (Not in a
-#   worker thread: measured, with 2,000 teardowns over 10,000 processes the
-#   scan's Python half contends with the loop for the interpreter lock, and
+# - Where the spawner is loaded (_placement), a round's scan and its
+#   environment reads run in a worker thread, in C (procown_scan in
+#   _shim/spawn_into.c), holding no interpreter lock: the loop goes on
+#   meanwhile, and the thread's Python part only parses the result. Else
+#   the scan and the environment reads yield to the event loop every
+#   SCAN_SLICE seconds instead of holding it for the whole table. (Never
+#   a Python scan in a thread: measured, with 2,000 teardowns over 10,000
+#   processes it contended with the loop for the interpreter lock, and
 #   every block ran past its bound, against none on the loop.)
 # - A table answers each question from an index, not by walking its rows:
 #   members by process group (Rows.in_group), census hits by token (each
@@ -67,6 +71,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -308,6 +313,10 @@ def snapshot(mark: PidMark | None) -> Rows:
 
 
 def _snapshot(ranges: list[tuple[int, int]] | None, known: int = 0) -> Rows:
+    if ranges is None:
+        native = native_table(None, 0)
+        if native is not None:
+            return native.rows
     if IS_LINUX:
         rows = Rows()
         for pid in candidate_pids(ranges, known):
@@ -350,6 +359,61 @@ async def _snapshot_in_slices(urgent: Callable[[], bool] = lambda: False) -> Row
                 if urgent():
                     span = SCAN_SLICE_URGENT
     return rows
+
+
+# Full scans go through the spawner's C scanner where one is loaded (tests
+# that inject faults into the Python readers turn it off).
+NATIVE_SCAN = True
+# The native scan's output buffer: grown (and kept) when a scan did not fit.
+_NATIVE_CAP = [1 << 18]
+_NATIVE_CAP_MAX = 1 << 30
+
+
+def native_table(key: bytes | None, started_since: int, started: float = -math.inf) -> ProcessTable | None:
+    """A full scan by the spawner's C scanner (procown_scan), with `key`'s
+    entries read for rows started at or after `started_since` (as
+    read_environs would); None where no spawner is loaded or the scan
+    failed (the caller scans in Python). Holds no interpreter lock while it
+    reads: for a worker thread."""
+    scan = _placement_scanner()
+    if scan is None:
+        return None
+    import ctypes
+
+    error, need = ctypes.c_int(0), ctypes.c_long(0)
+    for _ in range(3):  # the table may grow between two scans
+        cap = _NATIVE_CAP[0]
+        out = ctypes.create_string_buffer(cap)
+        args = (key, len(key or b""), started_since, os.getpid(), EXEC_RETRIES)
+        n = scan(out, cap, *args, ctypes.byref(error), ctypes.byref(need))
+        if n != -2:
+            break
+        _NATIVE_CAP[0] = min(_NATIVE_CAP_MAX, max(2 * cap, need.value + need.value // 4))
+    if n < 0:
+        return None
+    return _parse_native(ctypes.string_at(out, n), key, started_since, started)
+
+
+def _parse_native(raw: bytes, key: bytes | None, started_since: int, started: float) -> ProcessTable:
+    parts = raw.split(b"\0")
+    rows = Rows()
+    entries: dict[int, bytes] = {}
+    unreadable: set[int] = set()
+    i, end = 0, len(parts) - 1  # the last part is what follows the final NUL
+    while i < end:
+        pid_s, ppid, pgrp, state, start, flag = parts[i].split(b" ")
+        pid = int(pid_s)
+        rows.append(ProcInfo(pid, int(ppid), int(pgrp), state.decode(), int(start)))
+        i += 1
+        if flag == b"e":
+            entries[pid] = parts[i]
+            i += 1
+        elif flag == b"u":
+            unreadable.add(pid)
+    table = ProcessTable(rows, started)
+    if key is not None:
+        table._index(key).read_ahead(started_since, entries, unreadable)
+    return table
 
 
 def _psutil_rows() -> list[ProcInfo]:
@@ -414,6 +478,18 @@ class _CookieIndex:
         self._next += 1
         unreadable: set[int] = set()
         entry = environ_entry(info.pid, self.key, unreadable)
+        self._record(info, entry, bool(unreadable))
+
+    def read_ahead(self, started_since: int, entries: dict[int, bytes], unreadable: set[int]) -> None:
+        """Take the reads a native scan made (procown_scan: every row started
+        at or after `started_since`, in this index's order) as this
+        index's own."""
+        while not self.covered(started_since):
+            info = self._todo[self._next]
+            self._next += 1
+            self._record(info, entries.get(info.pid), info.pid in unreadable)
+
+    def _record(self, info: ProcInfo, entry: bytes | None, unreadable: bool) -> None:
         if unreadable:
             self.unreadable.append(info)
         if entry is not None and entry.startswith(self.key):
@@ -657,6 +733,25 @@ class _Coalescer:
             raise RuntimeError(msg)
         return this.table
 
+    async def _native(self, this: _Round, began: float) -> ProcessTable | None:
+        """The round's table from the native scanner in the scanner's worker
+        thread (_signaller.submit_scan; the loop goes on meanwhile), with
+        the first cookie key's entries read; None where there is no
+        scanner or no thread can be started (the caller scans on the loop)."""
+        if _placement_scanner() is None:
+            return None
+        from . import _signaller
+
+        key, since = next(iter(this.environs.items()), (None, 0))
+        try:
+            job = _signaller.submit_scan(functools.partial(native_table, key, since, began))
+        except RuntimeError:
+            return None
+        await job.done.wait()  # a system task's: cancelled only when the run ends
+        if job.error is not None:
+            raise job.error
+        return job.result
+
     def _urgent(self) -> bool:
         """In a burst, do at least half the teardowns expected wait for a table?"""
         waiting = sum(len(r.waiting) for r in (self._running, self._next) if r is not None)
@@ -673,7 +768,9 @@ class _Coalescer:
             self._next = None
             self._running = this
             began = trio.current_time()
-            table = ProcessTable(await _snapshot_in_slices(self._urgent), began)
+            table = await self._native(this, began)
+            if table is None:
+                table = ProcessTable(await _snapshot_in_slices(self._urgent), began)
             for key, since in this.environs.items():
                 await table.read_environs(key, since)
             this.table = self.latest = table
@@ -694,6 +791,14 @@ class _Coalescer:
                 if self._running is this:
                     self._running = None
                 this.done.set()
+
+
+def _placement_scanner() -> Any | None:
+    """The spawner's scanner where one is loaded (and NATIVE_SCAN), else None."""
+    placement = sys.modules.get(f"{__package__}._placement")
+    if placement is None or not IS_LINUX or not NATIVE_SCAN:
+        return None
+    return placement.loaded_scanner()
 
 
 _COALESCER: trio.lowlevel.RunVar[_Coalescer] = trio.lowlevel.RunVar("trio_procown_scans")

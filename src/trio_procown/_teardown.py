@@ -284,7 +284,9 @@ class Teardown:
         if action is Do.WAIT_DRAIN:
             budget = machine.budget()
             expired = False
-            pending = [drain for drain in self._drains.values() if not drain.done.is_set()]
+            # The command has ended (or its domain emptied): its pipes are
+            # mostly at their end already; see so now, not a turn later.
+            pending = [drain for drain in self._drains.values() if not drain.take_eof()]
             if pending:
                 with trio.move_on_after(budget) as scope:
                     for drain in pending:
