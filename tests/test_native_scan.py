@@ -174,3 +174,24 @@ async def test_without_the_native_scan_a_round_scans_in_python(monkeypatch: pyte
     table = await _procfs.table_for(None)
     assert scanned == [None]
     assert [r.pid for r in table.rows] == [os.getpid()]
+
+
+async def test_a_native_scan_that_fails_leaves_the_round_to_the_python_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await _load_scanner()
+    scanned: list[None] = []
+
+    def broken(*args: object) -> None:
+        raise MemoryError
+
+    async def slices(urgent: object = None) -> _procfs.Rows:
+        scanned.append(None)
+        return _procfs.Rows([_procfs.ProcInfo(os.getpid(), 1, 1, "R", 1)])
+
+    monkeypatch.setattr(_procfs, "native_table", broken)
+    monkeypatch.setattr(_procfs, "_snapshot_in_slices", slices)
+    monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
+    table = await _procfs.table_for(None)
+    assert scanned == [None]
+    assert [r.pid for r in table.rows] == [os.getpid()]

@@ -398,8 +398,7 @@ def tree_pids(path: str, failures: list[str] | None = None) -> list[int]:
     pids: list[int] = []
     for where in subtree(path):
         try:
-            with open(os.path.join(where, "cgroup.procs")) as f:
-                pids.extend(int(x) for x in f.read().split())
+            pids.extend(int(x) for x in _read_all(os.path.join(where, "cgroup.procs")).split())
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
@@ -408,11 +407,27 @@ def tree_pids(path: str, failures: list[str] | None = None) -> list[int]:
     return pids
 
 
+def _read_all(path: str) -> bytes:
+    """The whole file at `path`, read without Python's buffered text layer
+    (this runs for every member listing of every teardown)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def kill(path: str) -> None:
     """SIGKILL the whole cgroup tree `path` atomically (cgroup.kill, Linux
     5.14+). FileNotFoundError: no cgroup.kill, or no cgroup."""
-    with open(os.path.join(path, "cgroup.kill"), "w") as f:
-        f.write("1")
+    fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
 
 
 def signal_each(

@@ -737,7 +737,8 @@ class _Coalescer:
         """The round's table from the native scanner in the scanner's worker
         thread (_signaller.submit_scan; the loop goes on meanwhile), with
         the first cookie key's entries read; None where there is no
-        scanner or no thread can be started (the caller scans on the loop)."""
+        scanner, no thread can be started, or the scan failed (the caller
+        scans on the loop)."""
         if _placement_scanner() is None:
             return None
         from . import _signaller
@@ -748,8 +749,8 @@ class _Coalescer:
         except RuntimeError:
             return None
         await job.done.wait()  # a system task's: cancelled only when the run ends
-        if job.error is not None:
-            raise job.error
+        if job.error is not None:  # not expected (a bug, or out of memory): scan in Python instead
+            return None
         return job.result
 
     def _urgent(self) -> bool:
