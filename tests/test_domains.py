@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -572,3 +573,88 @@ def test_a_removed_cgroup_reads_as_empty_through_its_descriptor() -> None:
         assert populated_at(fd, path) is False  # its files read ENODEV once it is gone
     finally:
         os.close(fd)
+
+
+@needs_cgroup
+@pytest.mark.parametrize("native", [True, False], ids=["listed-in-c", "listed-in-python"])
+async def test_a_member_outside_the_process_group_gets_the_graceful_signal(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """The graceful stage's second half: a setsid member (still in the cgroup, out of the
+    leader's group) gets SIGTERM from the listing, not SIGKILL after the grace."""
+    monkeypatch.setattr(_cgroup, "NATIVE_LISTING", native)
+    result = await trio_procown.run_owned(SETSID_ESCAPEE, timeout=0.5, grace=10.0, domain="cgroup")
+    (pid,) = pids_in(result.stdout)
+    r = result.receipt
+    assert not alive(pid)
+    assert not r.forced, r.claims()
+    assert r.domain_empty
+    signals = [s for s in r.steps if s.action is trio_procown.Action.SIGNAL and s.target == "domain"]
+    assert "and to 1 other member(s) of cgroup" in signals[0].detail, signals
+
+
+def _spawn_marked_sleep() -> subprocess.Popen[bytes]:
+    from conftest import MARKER, MARKER_VAR
+
+    return subprocess.Popen(["sleep", "30"], env={**os.environ, MARKER_VAR: MARKER})
+
+
+@needs_cgroup
+@pytest.mark.skipif(os.geteuid() != 0, reason="moving a process into a cgroup we made takes privilege")
+async def test_the_c_lister_reads_the_cgroup_tree_as_the_python_listing_does() -> None:
+    from trio_procown import _placement, _procfs
+
+    await trio_procown.run_owned(["true"])  # loads the spawner where it works
+    if _placement.loaded_lister() is None:
+        pytest.skip("no spawner here")
+    top = os.path.join(_cgroup.CgroupDomain().root, f"procown-test-list-{os.getpid()}")
+    child = os.path.join(top, "child")
+    os.mkdir(top)
+    os.mkdir(child)
+    sleeps = [_spawn_marked_sleep(), _spawn_marked_sleep()]
+    try:
+        for where, proc in zip((top, child), sleeps, strict=True):
+            with open(os.path.join(where, "cgroup.procs"), "w") as f:
+                f.write(str(proc.pid))
+        failures: list[str] = []
+        native = _cgroup.native_members(top, failures)
+        python = [
+            (pid, info.pgrp, info.start)
+            for pid in _cgroup.tree_pids(top)
+            if (info := _procfs.read_stat(pid)) is not None
+        ]
+        assert native is not None
+        assert sorted(native) == sorted(python)
+        assert {pid for pid, _, _ in native} == {p.pid for p in sleeps}
+        assert failures == []
+    finally:
+        for proc in sleeps:
+            proc.kill()
+            proc.wait()
+        os.rmdir(child)
+        os.rmdir(top)
+
+
+@needs_cgroup
+async def test_the_c_lister_says_what_it_could_not_read() -> None:
+    """A tree nested deeper than the lister goes is a failure in the receipt's sense, not a
+    silently shorter listing."""
+    from trio_procown import _placement
+
+    await trio_procown.run_owned(["true"])
+    if _placement.loaded_lister() is None:
+        pytest.skip("no spawner here")
+    top = os.path.join(_cgroup.CgroupDomain().root, f"procown-test-deep-{os.getpid()}")
+    made = [top]
+    os.mkdir(top)
+    try:
+        for i in range(34):
+            made.append(os.path.join(made[-1], f"d{i}"))
+            os.mkdir(made[-1])
+        failures: list[str] = []
+        assert _cgroup.native_members(top, failures) == []
+        assert len(failures) == 1
+        assert os.strerror(errno.ELOOP) in failures[0]
+    finally:
+        for where in reversed(made):
+            os.rmdir(where)

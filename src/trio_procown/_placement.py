@@ -500,7 +500,9 @@ def _function(path: str) -> Any:
         if not _SCANNER:
             # (out, cap, key, key_len, since, self_pid, retries, *errno, *need)
             scan_args = (c_str, c_long, c_str, c_long, ctypes.c_ulonglong, c_int, c_int, int_out)
-            _SCANNER.append(_bind(lib.procown_scan, *scan_args, ctypes.POINTER(c_long)))
+            scan = _bind(lib.procown_scan, *scan_args, ctypes.POINTER(c_long))
+            members = _bind(lib.procown_members, c_str, c_str, c_long, ctypes.POINTER(c_long))
+            _SCANNER[:] = [scan, members]  # both at once: other threads read them
     return fn
 
 
@@ -513,8 +515,9 @@ def _bind(fn: Any, *argtypes: Any) -> Any:
     return fn
 
 
-# procown_scan of the first spawner loaded (_procfs.native_table): the
-# library stays mapped once loaded, and was verified when it was.
+# procown_scan and procown_members of the first spawner loaded
+# (_procfs.native_table, _cgroup.native_members): the library stays mapped
+# once loaded, and was verified when it was.
 _SCANNER: list[Any] = []
 
 
@@ -523,6 +526,11 @@ def loaded_scanner() -> Any | None:
     process, else None (never builds nor loads one: callers are on a
     teardown's path)."""
     return _SCANNER[0] if _SCANNER else None
+
+
+def loaded_lister() -> Any | None:
+    """The spawner's cgroup-tree lister (procown_members), as loaded_scanner."""
+    return _SCANNER[1] if _SCANNER else None
 
 
 class CloneRefused(OSError):
