@@ -160,17 +160,23 @@ async def test_a_shared_round_is_read_by_the_native_scan_in_a_thread(
     assert {r.pid for r in table.carrying(COOKIE_KEY, b"tok")} >= sleepers["marked"]
 
 
-async def test_without_the_native_scan_a_round_scans_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    await _load_scanner()
+def _python_round(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """Replace the Python scan of a round by one row (ours); the list records each scan."""
     scanned: list[None] = []
 
     async def slices(urgent: object = None) -> _procfs.Rows:
         scanned.append(None)
         return _procfs.Rows([_procfs.ProcInfo(os.getpid(), 1, 1, "R", 1)])
 
-    monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)
     monkeypatch.setattr(_procfs, "_snapshot_in_slices", slices)
     monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
+    return scanned
+
+
+async def test_without_the_native_scan_a_round_scans_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    await _load_scanner()
+    scanned = _python_round(monkeypatch)
+    monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)
     table = await _procfs.table_for(None)
     assert scanned == [None]
     assert [r.pid for r in table.rows] == [os.getpid()]
@@ -180,18 +186,12 @@ async def test_a_native_scan_that_fails_leaves_the_round_to_the_python_scan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await _load_scanner()
-    scanned: list[None] = []
+    scanned = _python_round(monkeypatch)
 
     def broken(*args: object) -> None:
         raise MemoryError
 
-    async def slices(urgent: object = None) -> _procfs.Rows:
-        scanned.append(None)
-        return _procfs.Rows([_procfs.ProcInfo(os.getpid(), 1, 1, "R", 1)])
-
     monkeypatch.setattr(_procfs, "native_table", broken)
-    monkeypatch.setattr(_procfs, "_snapshot_in_slices", slices)
-    monkeypatch.setattr(_procfs, "ranges_since", lambda mark: None)
     table = await _procfs.table_for(None)
     assert scanned == [None]
     assert [r.pid for r in table.rows] == [os.getpid()]

@@ -234,7 +234,8 @@ class Drain:
         its end, instead of waiting for the reading task's turn: True if the
         drain is done. Only while that task waits for the pipe (trio runs
         one task at a time, so no byte is read by two) and no lossless
-        consumer holds it back; bytes still in the pipe are left to it."""
+        consumer holds it back. One read: a chunk found there is kept, in
+        order, and the rest (and the end) is left to the task."""
         if self.done.is_set():
             return True
         fd = self.fd
