@@ -34,7 +34,6 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Collection, Sequence
 from functools import cache, partial
 from typing import Literal
@@ -45,7 +44,7 @@ from . import _inotify, _pidfd, _procfs, _stale
 from ._domain import Domain, ProcessGroupDomain, Sent, describe_error, killpg_owned, signal_names, unchanged
 from ._errors import DomainUnavailable
 from ._leader import Leader
-from ._placement import run_quietly, shim_argv
+from ._placement import loaded_lister, run_quietly, shim_argv
 from ._procfs import ProcessTable, ProcInfo
 
 ROOT_ENV = "TRIO_PROCOWN_CGROUP_ROOT"
@@ -437,8 +436,7 @@ def native_members(path: str, failures: list[str]) -> list[tuple[int, int, int]]
     are left out, listings that could not be read are described in
     `failures`. None where no spawner is loaded (the caller lists in
     Python)."""
-    placement = sys.modules.get(f"{__package__}._placement")
-    lister = placement.loaded_lister() if placement is not None and NATIVE_LISTING else None
+    lister = loaded_lister() if NATIVE_LISTING else None
     if lister is None:
         return None
     import ctypes
