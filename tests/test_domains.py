@@ -474,7 +474,8 @@ def test_spawn_costs_measure_each_figure_and_leave_no_cgroup(monkeypatch: pytest
     assert costs is not None
     assert set(costs) == {"into a cgroup", "into a cgroup after idle", "own cgroup after idle"}
     assert all(0 < taken < _cgroup._COST_WAIT for taken in costs.values()), costs
-    assert {n for n in set(os.listdir(root)) - before if n.startswith("procown-")} == set()
+    ours = f"procown-{os.getpid()}-"  # not another test process's commands (pytest -n)
+    assert {n for n in set(os.listdir(root)) - before if n.startswith(ours)} == set()
     monkeypatch.setattr(_cgroup, "spawns_into", lambda root: False)
     assert _cgroup.spawn_costs() is None
 

@@ -26,11 +26,12 @@ def _spawn_true() -> Leader:
 
 
 def test_start_time_is_read_at_first_use_while_unreaped() -> None:
-    """The start time is read when first asked for (not inside the spawn, while the child is
-    still in its execve), from the leader itself: the exited, unreaped leader still shows it."""
+    """A start time the spawn could not tell (its clock bracket crossed a tick) is read when
+    first asked for (not inside the spawn, while the child is still in its execve), from the
+    leader itself: the exited, unreaped leader still shows it."""
     leader = _spawn_true()
+    leader._start = None  # as after a spawn whose bracket crossed a tick
     try:
-        assert leader._start is None  # nothing read yet
         os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
         info = _procfs.read_stat(leader.pid)
         assert info is not None
@@ -41,9 +42,27 @@ def test_start_time_is_read_at_first_use_while_unreaped() -> None:
 
 
 def test_start_time_unknown_once_reaped() -> None:
-    """Asked for only after the reap, the start time is unknown (0), never read from whatever
-    process got the pid since."""
+    """Not known from the spawn and asked for only after the reap, the start time is unknown
+    (0), never read from whatever process got the pid since."""
     leader = _spawn_true()
+    leader._start = None  # as after a spawn whose bracket crossed a tick
     os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)
     assert leader.reap()
     assert leader.start == 0
+
+
+def test_a_start_time_known_from_the_spawn_outlives_the_reap() -> None:
+    """The spawner's start time (the clock around the clone) is the leader's own, as the
+    kernel shows it while the leader is unreaped, and stays known after the reap."""
+    for _ in range(20):  # a bracket across a tick (~1 %) leaves it to /proc: try again
+        leader = _spawn_true()
+        os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)
+        info = _procfs.read_stat(leader.pid)
+        known = leader._start
+        assert leader.reap()
+        if known is not None:
+            break
+    assert known is not None
+    assert info is not None
+    assert known == info.start
+    assert leader.start == known

@@ -355,7 +355,7 @@ def _spawn_and_read(
     r, w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pid, pidfd = _placement.spawn_into(argv[0], argv, env, cwd, (null, w, w), -1)
+        pid, pidfd, _ = _placement.spawn_into(argv[0], argv, env, cwd, (null, w, w), -1)
     finally:
         os.close(w)
         os.close(null)
@@ -421,7 +421,7 @@ def test_spawner_keeps_stdio_given_in_any_order(fresh_spawner: Path) -> None:
         os.dup2(w, 1)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            pid, pidfd = _placement.spawn_into(
+            pid, pidfd, _ = _placement.spawn_into(
                 "/bin/sh", ["sh", "-c", "echo out; echo err >&2"], _ENVIRON, None, (null, 1, 1), -1
             )
         finally:
@@ -455,3 +455,98 @@ def test_spawner_environment_is_the_one_given_each_time(fresh_spawner: Path) -> 
     assert env_of([]) == []
     with pytest.raises(ValueError, match="null byte"):
         env_of([b"A=1", b"B=\0", b"COOKIE=z"])
+
+
+# -- the leader's start time from the clock around the clone (start_tick) ------------------
+
+
+def test_start_tick_is_the_tick_only_when_the_bracket_lies_well_inside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel stamps the start between the two clock reads and reports it rounded down to
+    a tick: a bracket inside one tick (BORN_MARGIN clear of both edges) is that tick; one that
+    comes near an edge, a reversed or unread bracket, or an unknown tick length is unknown (0)."""
+    monkeypatch.setattr(_placement, "_tick_ns", lambda: 10_000_000)
+    margin = _placement.BORN_MARGIN
+    assert _placement.start_tick(1_234 * 10_000_000 + margin, 1_235 * 10_000_000 - margin - 1) == 1_234
+    assert _placement.start_tick(1_234 * 10_000_000 + margin - 1, 1_234 * 10_000_000 + 5_000_000) == 0
+    assert _placement.start_tick(1_234 * 10_000_000 + 5_000_000, 1_235 * 10_000_000 - margin) == 0
+    assert _placement.start_tick(1_234 * 10_000_000 + 5_000_000, 1_234 * 10_000_000 + 4_000_000) == 0
+    assert _placement.start_tick(0, 1_234 * 10_000_000 + 5_000_000) == 0
+    monkeypatch.setattr(_placement, "_tick_ns", lambda: 0)
+    assert _placement.start_tick(1_234 * 10_000_000 + 5_000_000, 1_234 * 10_000_000 + 5_000_100) == 0
+
+
+def test_the_spawners_start_times_are_the_kernels(fresh_spawner: Path) -> None:
+    """Every start time the spawner reports is the one /proc/PID/stat gives (0: left to that
+    read), and it reports most of them (a bracket of ~0.1 ms falls across a 10 ms tick
+    rarely)."""
+    from trio_procown import _procfs
+
+    known = 0
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for _ in range(200):
+            pid, pidfd, start = _placement.spawn_into(
+                "/bin/true", ["true"], _ENVIRON, None, (null, null, null), -1
+            )
+            try:
+                info = _procfs.read_stat(pid)
+                assert info is not None
+                assert start in (0, info.start)
+                known += start != 0
+            finally:
+                os.waitpid(pid, 0)
+                os.close(pidfd)
+    finally:
+        os.close(null)
+    assert known >= 100
+
+
+def test_a_leader_knows_its_start_from_the_spawn_without_reading_proc(
+    fresh_spawner: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start time the spawner knew is the leader's: no /proc/PID/stat read for it; an unknown
+    one (0) is read when first asked."""
+    from trio_procown import _leader, _procfs
+
+    real = _procfs.read_stat
+    reads: list[int] = []
+
+    def read_stat(pid: int) -> _procfs.ProcInfo | None:
+        reads.append(pid)
+        return real(pid)
+
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    leaders: list[_leader.Leader] = []
+    try:
+        for _ in range(20):  # a bracket across a tick (~1 %) leaves the start unknown: try again
+            leaders.append(
+                _leader.Leader.spawn(
+                    ["sleep", "30"],
+                    executable="/bin/sleep",
+                    stdin=null,
+                    stdout=null,
+                    stderr=null,
+                    cwd=None,
+                    env=_ENVIRON,
+                )
+            )
+            if leaders[-1]._start is not None:
+                break
+        leader = leaders[-1]
+        assert leader._start is not None
+        expected = real(leader.pid)
+        assert expected is not None
+        monkeypatch.setattr(_procfs, "read_stat", read_stat)
+        assert leader.start == expected.start
+        assert reads == []
+        leader._start = None  # as after a spawn whose bracket crossed a tick
+        assert leader.start == expected.start
+        assert reads == [leader.pid]
+    finally:
+        os.close(null)
+        for each in leaders:
+            each.kill_now()
+            each.reap()
+            each.close()

@@ -339,3 +339,120 @@ def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPa
     sizes["next"] = 3
     monkeypatch.setattr(_procfs._mass, "in_burst", lambda: False)
     assert not coalescer._urgent()
+
+
+# -- no pid since the leader (quiet_since) -------------------------------------------------
+
+
+def _loadavg(monkeypatch: pytest.MonkeyPatch, last_pid: int, tasks: int = 180) -> list[str]:
+    """Serve /proc/loadavg with `last_pid`; record every file read."""
+    reads: list[str] = []
+    real = _procfs._read_small
+
+    def read_small(path: str) -> bytes:
+        reads.append(path)
+        if path == "/proc/loadavg":
+            return f"0.10 0.20 0.30 2/{tasks} {last_pid}\n".encode()
+        return real(path)
+
+    monkeypatch.setattr(_procfs, "_read_small", read_small)
+    return reads
+
+
+def test_quiet_since_holds_only_while_the_leader_is_the_newest_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's pid still the newest allocated: nothing started since, from one read of
+    /proc/loadavg; the newest mark then keeps the command's clone count (read before the leader
+    existed, so it can only widen a later bound). Any other newest pid, no mark, no leader or an
+    unreadable /proc/loadavg prove nothing."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("Linux's pid counter")
+    mark = PidMark(last_pid=4990, forks=777, tasks=150)
+    monkeypatch.setattr(_procfs, "_NEWEST", [])
+    reads = _loadavg(monkeypatch, last_pid=5000, tasks=181)
+    assert _procfs.quiet_since(mark, 5000)
+    assert reads == ["/proc/loadavg"]
+    assert [PidMark(last_pid=5000, forks=777, tasks=181)] == _procfs._NEWEST
+
+    monkeypatch.setattr(_procfs, "_NEWEST", [])
+    assert not _procfs.quiet_since(mark, 4999)  # a pid was allocated after 4999
+    assert not _procfs.quiet_since(None, 5000)
+    assert not _procfs.quiet_since(mark, 0)
+    assert _procfs._NEWEST == []
+
+    def refused(path: str) -> bytes:
+        raise PermissionError(13, "refused", path)
+
+    monkeypatch.setattr(_procfs, "_read_small", refused)
+    assert not _procfs.quiet_since(mark, 5000)
+
+
+async def test_a_quiet_table_holds_the_leader_alone_without_a_range_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """table_for with a quiet counter reads nothing more: no mark, no probe of the range since
+    the command's mark, an empty table (the leader's own row is never asked for); a counter that
+    moved takes the range as before, which holds the leader's row."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("Linux's pid counter")
+    import subprocess
+
+    from conftest import py
+
+    child = subprocess.Popen(py("import time; time.sleep(30)"))
+    try:
+        mark = PidMark(last_pid=child.pid - 1, forks=10, tasks=100)
+        ranges: list[PidMark | None] = []
+
+        def ranges_since(m: PidMark | None) -> list[tuple[int, int]]:
+            ranges.append(m)
+            return [(child.pid, child.pid + 5)]
+
+        monkeypatch.setattr(_procfs, "ranges_since", ranges_since)
+        monkeypatch.setattr(_procfs, "surely_wide", lambda m: False)
+        _loadavg(monkeypatch, last_pid=child.pid)
+        table = await _procfs.table_for(mark, known=child.pid)
+        assert list(table.rows) == []
+        assert ranges == []
+
+        _loadavg(monkeypatch, last_pid=child.pid + 5)
+        table = await _procfs.table_for(mark, known=child.pid)
+        assert ranges == [mark]
+        assert child.pid in [row.pid for row in table.rows]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_quiet_since_agrees_with_the_kernel_for_real_children() -> None:
+    """Two children spawned one after the other: the first is never the newest pid once the
+    second exists; the second is, whenever /proc/loadavg (read independently just before and
+    after) shows nothing else was allocated meanwhile."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("Linux's pid counter")
+    import subprocess
+
+    from conftest import py
+
+    def newest() -> int:
+        return int(_procfs._read_small("/proc/loadavg").split()[4])
+
+    mark = _procfs.pid_mark()
+    first = subprocess.Popen(py("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
+    second = subprocess.Popen(py("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
+    try:
+        assert not _procfs.quiet_since(mark, first.pid)
+        agreed = 0
+        for _ in range(50):
+            before = newest()
+            quiet = _procfs.quiet_since(mark, second.pid)
+            after = newest()
+            if before == after:
+                assert quiet is (after == second.pid)
+                agreed += quiet
+            if after != second.pid:
+                break  # the machine started something: the counter moved on for good
+        if newest() == second.pid:
+            assert agreed
+    finally:
+        for child in (first, second):
+            child.communicate(b"")

@@ -135,7 +135,7 @@ def spawn_costs() -> dict[str, float] | None:
 
     def one(cgroup_fd: int) -> float:
         start = time.perf_counter()
-        pid, pidfd = spawn_into("/bin/true", ["/bin/true"], env, "/", (null, null, null), cgroup_fd)
+        pid, pidfd, _ = spawn_into("/bin/true", ["/bin/true"], env, "/", (null, null, null), cgroup_fd)
         took = time.perf_counter() - start
         try:
             if not _pidfd.wait_all_exited([pidfd], _COST_WAIT):

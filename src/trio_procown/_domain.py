@@ -284,7 +284,8 @@ class ProcessGroupDomain(Domain):
         while True:
             await self.leader.wait()
             await trio.lowlevel.checkpoint()  # the bound (the caller's scope) can always fire
-            table = await _procfs.table_for(self.leader.mark, known=self.leader.pid)
+            known = 0 if self.leader.reaped else self.leader.pid  # held unreaped: its pid is its own
+            table = await _procfs.table_for(self.leader.mark, known=known)
             live = self.live_members(table.rows)
             if not live:
                 return table

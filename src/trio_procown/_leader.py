@@ -58,24 +58,30 @@ class Leader:
     """The spawned direct process, held unreaped until `reap()`."""
 
     def __init__(
-        self, pid: int, popen: subprocess.Popen[bytes] | None = None, pidfd: int | None = None
+        self,
+        pid: int,
+        popen: subprocess.Popen[bytes] | None = None,
+        pidfd: int | None = None,
+        start: int = 0,
     ) -> None:
         self.popen = popen  # None when the spawner started it (no Popen to keep informed)
         self.pid = pid
         self.pidfd = _pidfd.open_pidfd(self.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
         self.reaped = False
-        self._start: int | None = None
+        self._start: int | None = start or None  # known from the spawn (0: read when asked)
         self.mark: _procfs.PidMark | None = None  # the pid counter before the spawn
 
     @property
     def start(self) -> int:
         """The leader's start time, in clock ticks since boot (0: unknown).
 
-        Read at first use, not at the spawn: /proc/PID/stat of a child still
-        inside its execve() takes ~35 us to read, against ~13 us once the
-        exec is done (measured, 2 cores). The spawn reads it last, for the
-        keeper, while the leader is surely unreaped (its pid still its own).
+        The spawner mostly knows it from the clock around the clone
+        (_placement.start_tick); else it is read at first use, not at the
+        spawn: /proc/PID/stat of a child still inside its execve() takes
+        ~35 us to read, against ~13 us once the exec is done (measured, 2
+        cores). The spawn reads it last, for the keeper, while the leader is
+        surely unreaped (its pid still its own).
         """
         if self._start is None:
             info = _procfs.read_stat(self.pid) if _procfs.IS_LINUX and not self.reaped else None
@@ -111,7 +117,7 @@ class Leader:
             from ._placement import CloneRefused, spawn_into
 
             try:
-                pid, pidfd = spawn_into(
+                pid, pidfd, start = spawn_into(
                     argv[0] if executable is None else executable,
                     argv,
                     env,
@@ -124,7 +130,7 @@ class Leader:
                 # say now (EAGAIN at RLIMIT_NPROC, ENOMEM), raised as
                 # subprocess raises it (OSError picks the subclass).
                 raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
-            return cls(pid, pidfd=pidfd)
+            return cls(pid, pidfd=pidfd, start=start)
         if not pass_fds:
             from ._placement import spawn_plain
 
@@ -132,7 +138,7 @@ class Leader:
                 argv[0] if executable is None else executable, argv, env, cwd, (stdin, stdout, stderr)
             )
             if plain is not None:
-                return cls(plain[0], pidfd=plain[1])
+                return cls(plain[0], pidfd=plain[1], start=plain[2])
         kwargs: dict[str, Any] = {}
         if pass_fds:
             kwargs["pass_fds"] = tuple(pass_fds)

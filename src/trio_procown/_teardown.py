@@ -145,7 +145,8 @@ class Teardown:
         # The census will ask about our cookie in processes started since
         # the leader: a shared scan reads those environments once for all.
         leader = self._leader
-        return await _procfs.table_for(leader.mark, COOKIE_KEY, leader.start, leader.pid)
+        known = 0 if leader.reaped else leader.pid  # an unreaped leader holds its pid
+        return await _procfs.table_for(leader.mark, COOKIE_KEY, leader.start, known)
 
     def _table_since_asked(self) -> ProcessTable:
         """A table begun after self._asked, without waiting (see table_since)."""
