@@ -552,7 +552,8 @@ async def open_owned_command(
             # main task): it is kept and re-raised after the teardown.
             interrupted = await run.wait_torn_down()
             caught = caught or interrupted
-            nursery.cancel_scope.cancel()
+            if nursery.child_tasks:  # (each finished: trio's cancel costs a repr of this task)
+                nursery.cancel_scope.cancel()
     if caught is not None:
         raise caught
 

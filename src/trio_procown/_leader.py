@@ -19,7 +19,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from . import _pidfd, _procfs
+from . import _pidfd, _placement, _procfs
+from ._placement import CloneRefused
 
 # Leaders that were still alive when their teardown ended (a process we may
 # not signal, one stuck in uninterruptible sleep): we stay their reaper, and
@@ -114,10 +115,8 @@ class Leader:
             if pass_fds:
                 msg = "pass_fds is not supported when spawning into a cgroup"
                 raise ValueError(msg)
-            from ._placement import CloneRefused, spawn_into
-
             try:
-                pid, pidfd, start = spawn_into(
+                pid, pidfd, start = _placement.spawn_into(
                     argv[0] if executable is None else executable,
                     argv,
                     env,
@@ -132,9 +131,7 @@ class Leader:
                 raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
             return cls(pid, pidfd=pidfd, start=start)
         if not pass_fds:
-            from ._placement import spawn_plain
-
-            plain = spawn_plain(
+            plain = _placement.spawn_plain(
                 argv[0] if executable is None else executable, argv, env, cwd, (stdin, stdout, stderr)
             )
             if plain is not None:

@@ -540,6 +540,8 @@ class CloneRefused(OSError):
     that takes no process): nothing was started; use the shim instead."""
 
 
+_NUL = "embedded null byte"
+
 # The environment array of the last spawn: its entries but the last (the
 # census cookie, new for every command) and the ctypes array holding them.
 _ENV_ARRAY: list[Any] = [None, None]
@@ -556,8 +558,14 @@ def _env_array(env: Sequence[bytes]) -> tuple[Any, Any]:
 
     n = len(env)
     head = env[:-1]
+    # C strings end at the first NUL: refuse one inside, as subprocess does
+    # (the entries of the cached array were checked when it was built).
+    if n and b"\0" in env[-1]:
+        raise ValueError(_NUL)
     cached_head, cached = _ENV_ARRAY
     if n == 0 or cached_head is None or len(cached_head) != n - 1 or cached_head != head:
+        if b"\0" in b"".join(head):
+            raise ValueError(_NUL)
         cached = (ctypes.c_char_p * (n + 1))(*env, None)
         _ENV_ARRAY[:] = [list(head), cached]  # the array keeps the entries alive
     array = type(cached)()  # a copy: the cached array itself is never changed
@@ -581,15 +589,10 @@ def _spawn_with(
     pidfd, error = ctypes.c_int(-1), ctypes.c_int(0)
     born = (ctypes.c_longlong * 2)()
     args = [os.fsencode(a) for a in argv]
-    # C strings end at the first NUL: refuse one inside, as subprocess does.
-    if (
-        b"\0" in b"".join(args)
-        or b"\0" in b"".join(env)
-        or "\0" in program
-        or (cwd is not None and "\0" in cwd)
-    ):
-        msg = "embedded null byte"
-        raise ValueError(msg)
+    # C strings end at the first NUL: refuse one inside, as subprocess does
+    # (the environment's entries: in _env_array).
+    if b"\0" in b"".join(args) or "\0" in program or (cwd is not None and "\0" in cwd):
+        raise ValueError(_NUL)
     c_argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
     c_env, _entries = _env_array(env)  # _entries: held until fn() returns
     pid = fn(

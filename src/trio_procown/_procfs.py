@@ -145,8 +145,9 @@ def quiet_since(mark: PidMark | None, pid: int) -> bool:
     ranges_since), so the mark is sound for a later spawn.
 
     Like the narrow ranges, this trusts the kernel's pid counter: a process
-    with CAP_SYS_ADMIN over our pid namespace that rewrote ns_last_pid
-    (checkpoint/restore) could make either of them miss processes."""
+    with CAP_SYS_ADMIN over our pid namespace that rewrote ns_last_pid, or
+    chose its own pid (clone3's set_tid; both are for checkpoint/restore),
+    could make either of them miss processes."""
     if not IS_LINUX or mark is None or pid <= 0:
         return False
     try:
@@ -600,6 +601,8 @@ class ProcessTable:
         environment we may not read (another user's, a setuid program's)
         are added to `unreadable`: the census cannot see them.
         """
+        if not self.rows:
+            return []  # (a quiet table, see quiet_since: nothing to index)
         index = self._index(key)
         while not index.covered(started_since):
             index.read_one()

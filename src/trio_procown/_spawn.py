@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
@@ -79,10 +80,12 @@ def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str
         argv[0] = found
     else:
         full = exe if cwd is None or os.path.isabs(exe) else os.path.join(os.fspath(cwd), exe)
-        if not os.path.exists(full):
+        try:
+            mode = os.stat(full).st_mode
+        except (OSError, ValueError):  # as os.path.exists: missing, unreachable, or a bad name
             msg = f"executable not found: {exe!r}"
-            raise FileNotFoundError(2, msg, exe)
-        if os.path.isdir(full) or not os.access(full, os.X_OK):
+            raise FileNotFoundError(2, msg, exe) from None
+        if stat.S_ISDIR(mode) or not os.access(full, os.X_OK):
             msg = f"not an executable file: {exe!r}"
             raise PermissionError(13, msg, exe)
     return argv
@@ -179,18 +182,18 @@ def spawn(
 
         enable_subreaper()
 
-    drains: dict[str, Drain] = {}
+    pipes: dict[str, int] = {}  # each captured stream's read end: its drain is made after the spawn
     targets: dict[str, str] = {}
     parent_fds: list[int] = []
     child_fds: list[int] = []
     try:
         stdin_fd, feeder_fd, feeder_src = _stdin_fd(stdin, parent_fds, child_fds)
-        out_fd = _output_fd("stdout", stdout, max_output, drains, targets, parent_fds, child_fds)
+        out_fd = _output_fd("stdout", stdout, pipes, targets, parent_fds, child_fds)
         if stderr == STDOUT:
             err_fd = out_fd
             targets["stderr"] = "merged into stdout"
         else:
-            err_fd = _output_fd("stderr", stderr, max_output, drains, targets, parent_fds, child_fds)
+            err_fd = _output_fd("stderr", stderr, pipes, targets, parent_fds, child_fds)
         program, spawn_argv = own_domain.command_line(argv, given_name(command, argv))
         mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
         try:
@@ -211,6 +214,8 @@ def spawn(
         started = trio.current_time()
         try:
             own_domain.attach(leader, started)
+            # Made now, not before the spawn: the command is already running.
+            drains = {name: Drain(name, fd, max_output) for name, fd in pipes.items()}
         except BaseException:
             leader.kill_now()
             leader.reap()
@@ -299,8 +304,7 @@ def _stdin_fd(
 def _output_fd(
     name: str,
     target: Target,
-    limit: int,
-    drains: dict[str, Drain],
+    pipes: dict[str, int],
     targets: dict[str, str],
     parent_fds: list[int],
     child_fds: list[int],
@@ -309,7 +313,7 @@ def _output_fd(
         r, w = os.pipe()
         parent_fds.append(r)
         child_fds.append(w)
-        drains[name] = Drain(name, r, limit)
+        pipes[name] = r
         return w
     if target == INHERIT:
         fd = 1 if name == "stdout" else 2
