@@ -550,3 +550,40 @@ def test_a_leader_knows_its_start_from_the_spawn_without_reading_proc(
             each.kill_now()
             each.reap()
             each.close()
+
+
+@pytest.mark.parametrize("cleared", [1, 0], ids=["kernel-reset", "child-reset"])
+def test_handled_signals_are_reset_and_ignored_ones_stay_ignored(
+    fresh_spawner: Path, monkeypatch: pytest.MonkeyPatch, cleared: int
+) -> None:
+    """Whether the kernel resets the handlers at the clone (CLONE_CLEAR_SIGHAND) or the child
+    does it signal by signal (a kernel older than 5.5), the command gets what subprocess gives:
+    a signal we handle is at its default, one we ignore stays ignored, SIGPIPE and SIGXFSZ are
+    at their defaults, nothing is blocked."""
+    import ctypes
+    import signal
+
+    path = _placement.compiled_spawner()
+    assert path is not None
+    flag = ctypes.c_int.in_dll(ctypes.CDLL(path), "procown_clear_sighand")
+    saved = flag.value
+    old_usr1 = signal.signal(signal.SIGUSR1, lambda *_: None)
+    old_usr2 = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    old_pipe = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    flag.value = cleared
+    try:
+        status, out = _spawn_and_read(
+            ["/bin/sh", "-c", 'grep -E "^(SigBlk|SigIgn|SigCgt)" /proc/self/status']
+        )
+        assert flag.value == cleared  # this kernel takes the flag: the mode asked for ran
+    finally:
+        flag.value = saved
+        signal.signal(signal.SIGUSR1, old_usr1)
+        signal.signal(signal.SIGUSR2, old_usr2)
+        signal.signal(signal.SIGPIPE, old_pipe)
+    assert status == 0, out
+    fields = {line.split(":")[0]: int(line.split()[1], 16) for line in out.decode().splitlines()}
+    assert fields["SigBlk"] == 0
+    assert fields["SigIgn"] & (1 << (signal.SIGUSR2 - 1))
+    for sig in (signal.SIGUSR1, signal.SIGPIPE, signal.SIGXFSZ):
+        assert not fields["SigIgn"] & (1 << (sig - 1)), hex(fields["SigIgn"])
