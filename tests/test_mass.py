@@ -86,6 +86,41 @@ def test_a_heap_the_program_froze_itself_is_left_alone() -> None:
         gc.unfreeze()
 
 
+def test_a_heap_the_program_froze_is_asked_about_once_a_busy_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    """get_freeze_count() walks the frozen heap: a burst asks it once, not at each stop and teardown."""
+    asked = 0
+    real = gc.get_freeze_count
+
+    def counting() -> int:
+        nonlocal asked
+        asked += 1
+        return real()
+
+    gc.freeze()
+    try:
+        monkeypatch.setattr(gc, "get_freeze_count", counting)
+        for _ in range(3 * _mass.INLINE_MAX):
+            _mass.requested()
+        for _ in range(3 * _mass.INLINE_MAX):
+            _mass.enter(asked=True)
+        assert asked == 1
+        assert not _mass.frozen()
+        while _mass.under_way():
+            _mass.leave()
+        # A new busy period asks again: the program may have thawed its heap meanwhile.
+        monkeypatch.setattr(gc, "get_freeze_count", real)
+        gc.unfreeze()
+        monkeypatch.setattr(gc, "get_freeze_count", counting)
+        for _ in range(_mass.INLINE_MAX + 1):
+            _mass.enter()
+        assert asked == 2
+        assert _mass.frozen()
+        while _mass.under_way():
+            _mass.leave()
+    finally:
+        gc.unfreeze()
+
+
 def test_stops_asked_for_freeze_before_their_teardowns_begin() -> None:
     """A burst of requested stops freezes the heap at once (their owners' exits allocate before a
     single teardown runs); the teardowns that begin then count once each, not twice."""
