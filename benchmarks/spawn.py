@@ -116,14 +116,19 @@ async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float,
     }
     calls.update({f"run_owned {d}": owned(d) for d in domains})
     out: dict[str, dict[float, list[float]]] = {name: {0.0: [], IDLE_GAP: []} for name in calls}
-    for name, call in calls.items():
+    names = list(calls)
+    for call in calls.values():
         await call()
-        for i in range(2 * n):
-            gap = IDLE_GAP if i % 2 else 0.0
+    # Interleaved: sample i of every variant is taken in turn (the order
+    # rotating), so a drift of the machine's speed reaches all alike.
+    for i in range(2 * n):
+        gap = IDLE_GAP if i % 2 else 0.0
+        k = (i // 2) % len(names)
+        for name in names[k:] + names[:k]:
             if gap:
                 await trio.sleep(gap)
             start = time.perf_counter()
-            await call()
+            await calls[name]()
             out[name][gap].append(time.perf_counter() - start)
     return out
 
@@ -268,7 +273,7 @@ async def run(cfg: Config) -> Section:
             ],
             gap_rows,
             caption=f"{cfg.pick(15, 40)} samples per cell, each variant capturing both streams of "
-            "/bin/true, alternating the two gaps. The idle figure is the cost of an occasional command.",
+            "/bin/true, alternating the two gaps, the variants interleaved (rotating order). The idle figure is the cost of an occasional command.",
         )
     )
     section.data = {
