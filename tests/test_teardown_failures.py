@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -215,64 +214,3 @@ async def test_unreadable_cgroup_events_prove_nothing(monkeypatch: pytest.Monkey
     assert errors, r.steps
     assert "cgroup.events" in errors[0].detail
     assert not alive(result.receipt.pid)  # cgroup.kill still ended it
-
-
-# A leader and a setsid escapee that both ignore SIGTERM; "pid N" names the
-# escapee once it has left the process group, then "ready".
-_STUBBORN_ESCAPEE = py(
-    "import os, signal, time\n"
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "r, w = os.pipe()\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.setsid()\n"
-    "    os.write(w, b'x')\n"
-    "    time.sleep(30)\n"
-    "    os._exit(0)\n"
-    "os.read(r, 1)\n"
-    "print('pid %d' % pid, flush=True)\n"
-    "print('ready', flush=True)\n"
-    "time.sleep(30)\n"
-)
-
-
-async def test_a_teardown_starved_past_its_deadline_kills_escapees_without_a_scan_on_the_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Cut short with no shared table begun since its deadline, the teardown scans nothing on the loop
-    itself: the escapee gets SIGKILL from the table its receipt is written from."""
-    from trio_procown import _procfs
-    from trio_procown._teardown import TEARDOWN_ALLOWANCE
-
-    def no_scan_on_the_loop(*args: object, **kwargs: object) -> object:
-        raise AssertionError("table_since scanned on the loop")
-
-    monkeypatch.setattr(_procfs, "table_since", no_scan_on_the_loop)
-    escapee = 0
-    try:
-        async with trio_procown.open_owned_command(
-            _STUBBORN_ESCAPEE, timeout=10, domain="process-group", **BUDGETS
-        ) as run:
-            async for line in run.lines():
-                if line.startswith("pid "):
-                    escapee = int(line.split()[1])
-                if line.startswith("ready"):
-                    break
-            run.request_stop("stopped")
-            await run.phase.wait_value("tearing down")
-            await trio.sleep(0.05)  # SIGTERM sent (and ignored), the grace wait running
-            # Synchronous work elsewhere holds the loop past the whole bound.
-            time.sleep(sum(BUDGETS.values()) + TEARDOWN_ALLOWANCE + 0.3)
-            await run.wait()
-        r = run.receipt
-        assert r is not None
-        assert escapee, r.claims()
-        assert not alive(escapee), "\n".join([*r.claims(), *map(str, r.steps)])
-        assert r.forced
-        kills = [s for s in r.steps if s.target == "escapees" and "SIGKILL" in s.signals]
-        assert len(kills) == 1, r.claims()
-        assert [p.pid for p in r.census] == [escapee], r.census
-        assert r.escaped == (), r.claims()  # killed during the last wait: seen dead at the end
-    finally:
-        if escapee:
-            kill_and_wait(escapee)

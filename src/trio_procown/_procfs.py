@@ -871,27 +871,21 @@ def _coalescer() -> _Coalescer:
         return coalescer
 
 
-def latest_since(not_before: float) -> ProcessTable | None:
-    """The newest shared full table if its scan began at or after
-    `not_before` (trio time), else None; never scans."""
-    latest = _coalescer().latest
-    return latest if latest is not None and latest.started >= not_before else None
-
-
 def table_since(mark: PidMark | None, not_before: float, known: int = 0) -> ProcessTable:
     """A table for the command spawned after `mark`, without waiting: the
     newest shared full table if its scan began at or after `not_before`
     (trio time: when the question was asked), else a scan made now. For
     teardowns past their deadline: many of them at once then share one
     scan instead of each reading the whole process table."""
-    latest = latest_since(not_before)
-    if latest is not None:
+    coalescer = _coalescer()
+    latest = coalescer.latest
+    if latest is not None and latest.started >= not_before:
         return latest  # a full table holds whatever a narrow one would
     ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges, known))
     began = trio.current_time()
-    table = _coalescer().latest = ProcessTable(_snapshot(None), began)
+    table = coalescer.latest = ProcessTable(_snapshot(None), began)
     return table
 
 

@@ -32,8 +32,7 @@
 # CUT_SHORT_WAIT, then the receipt from what is seen (a process table shared
 # with the other starved teardowns, at most CUT_SHORT_SCAN more: when 2,000
 # teardowns are starved together, a private scan each would starve the loop
-# further, for minutes). Escapees get SIGKILL with the domain when a shared
-# table begun since the deadline exists, else from that last table.
+# further, for minutes).
 #
 # Every action can fail (EPERM, EMFILE, ENOSPC, a vanished file). A refused
 # signal is a step with its outcome; an unforeseen failure is an "error"
@@ -114,7 +113,6 @@ class Teardown:
         # to run (on a loaded loop that can be much later).
         self.requested: float | None = None
         self._asked_stop = False  # counted by _mass.requested() (see ask())
-        self._escapees_killed = False  # the cut-short fallback sent escapees SIGKILL
         # A signalling action that started in the signaller thread and had
         # not finished when the teardown stopped waiting for it: the leader
         # must not be reaped while it may still be signalled.
@@ -453,53 +451,27 @@ class Teardown:
         machine = self.machine
         if machine.state.value == "done":
             return
-        escapees_later = False
         if machine.handle(Event.DEADLINE) is Do.FORCE_AND_REAP:
             self._force("teardown deadline expired")
             if machine.signals_escapees:
                 # Without waiting: a scan begun since our deadline passed
-                # (another teardown starved with us took it) will do. Not
-                # a scan of our own on the loop: with thousands starved
-                # together the first one's full scan held it 60-120 ms
-                # (10,000 processes). Else a shared scan (off the loop
-                # where the scanner runs) during the wait below.
-                table = _procfs.latest_since(self._asked)
-                if table is None:
-                    escapees_later = True
-                else:
-                    self._kill_escapees(table)
-        empty = False
+                # (another teardown starved with us took it) will do.
+                table = self._table_since_asked()
+                escapees = self._census.scan(self._domain, table)
+                if escapees:
+                    self._signal_escapees(escapees, _FORCE)
         with trio.move_on_after(CUT_SHORT_WAIT) as scope:
-            async with trio.open_nursery() as nursery:
-                if escapees_later:
-                    nursery.start_soon(self._kill_escapees_from_a_scan)
-                try:
-                    await self._domain.wait_empty()
-                    empty = True
-                except Exception as exc:
-                    self.step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
-                    await trio.sleep_forever()  # the bound above ends it
-        outcome = "empty" if empty else "expired"
+            try:
+                await self._domain.wait_empty()
+            except Exception as exc:
+                self.step(Action.ERROR, "domain", f"wait: {type(exc).__name__}: {exc}", "failed")
+                await trio.sleep_forever()  # the bound above ends it
+        outcome = "expired" if scope.cancelled_caught else "empty"
         self.step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
         # The receipt's scan must begin after this wait ended (or expired):
         # a shared one, while this scope lasts; else see run().
         self._asked = scope.deadline if scope.cancelled_caught else trio.current_time()
-        table = await self._table()
-        if escapees_later and not self._escapees_killed:
-            self._kill_escapees(table)  # too late to be seen dead: the receipt names them alive
-        self._finish(table)
-
-    def _kill_escapees(self, table: ProcessTable) -> list[ProcInfo]:
-        escapees = self._census.scan(self._domain, table)
-        if escapees:
-            self._signal_escapees(escapees, _FORCE)
-        self._escapees_killed = True
-        return escapees
-
-    async def _kill_escapees_from_a_scan(self) -> None:
-        # Then wait (within the caller's bound) until they are gone, as the
-        # domain is waited for, so that the last table can see them dead.
-        await self._census.wait_gone(self._kill_escapees(await self._table()))
+        self._finish(await self._table())
 
     def _finish(self, table: ProcessTable | None = None) -> None:
         """Reap, release, and write the receipt. Never waits.
