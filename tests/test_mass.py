@@ -108,9 +108,7 @@ def test_a_heap_the_program_froze_is_asked_about_once_a_busy_period(monkeypatch:
         while _mass.under_way():
             _mass.leave()
         # A new busy period asks again: the program may have thawed its heap meanwhile.
-        monkeypatch.setattr(gc, "get_freeze_count", real)
         gc.unfreeze()
-        monkeypatch.setattr(gc, "get_freeze_count", counting)
         for _ in range(_mass.INLINE_MAX + 1):
             _mass.enter()
         assert asked == 2

@@ -32,9 +32,9 @@
 # > 0 before we froze: a pre-fork server, say) is left alone: we then
 # neither freeze nor unfreeze. That is asked once per busy period, not per
 # teardown: gc.get_freeze_count() counts the frozen heap object by object
-# (CPython walks the list), so with a program's heap of a few hundred MB
-# frozen each call cost milliseconds, and asking it at each of 500 stops
-# and 500 teardowns held the loop for 4-9 s (measured).
+# (CPython walks the list), so with the heap of a program holding 500 live
+# commands frozen, asking it at each of the 500 stops and 500 teardowns
+# held the loop for 4-9 s (measured).
 #
 # A stop is counted from when it is asked for (requested()), before its
 # teardown's task gets to run: when 2,000 blocks are cancelled together,
