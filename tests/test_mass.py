@@ -279,3 +279,103 @@ def test_turns_go_on_while_the_run_ends() -> None:
 
     trio.run(main)
     assert outcomes == [False] * (3 * _mass.PACE_CHUNK)
+
+
+class _Command:
+    """Stands for a live command's teardown (born() keeps a weak reference)."""
+
+
+@pytest.fixture
+def crowd() -> Iterator[list[_Command]]:
+    """Live commands a test makes: each is gone() at the end, whatever the test did."""
+    assert _mass.live() == 0
+    members: list[_Command] = []
+    yield members
+    for member in members:
+        _mass.gone(member)
+
+
+def _grow(crowd: list[_Command], size: int) -> None:
+    while len(crowd) < size:
+        member = _Command()
+        crowd.append(member)
+        _mass.born(member)
+
+
+def _shrink(crowd: list[_Command], size: int) -> None:
+    while len(crowd) > size:
+        _mass.gone(crowd.pop())
+
+
+def test_a_crowd_of_live_commands_freezes_the_heap_while_it_lasts(
+    crowd: list[_Command], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CROWD_MIN live commands freeze the heap; it is frozen again only at a new height a quarter
+    above the last freeze, and released once the crowd falls below half of CROWD_MIN."""
+    freezes = 0
+    real = gc.freeze
+
+    def counting() -> None:
+        nonlocal freezes
+        freezes += 1
+        real()
+
+    monkeypatch.setattr(gc, "freeze", counting)
+    _grow(crowd, _mass.CROWD_MIN - 1)
+    assert not _mass.frozen()
+    assert freezes == 0
+    _grow(crowd, _mass.CROWD_MIN)
+    assert _mass.frozen()
+    assert freezes == 1
+    higher = _mass.CROWD_MIN + _mass.CROWD_MIN // 4
+    _grow(crowd, higher - 1)
+    assert freezes == 1
+    _grow(crowd, higher)
+    assert freezes == 2
+    # Shrinking and growing back to the same height freezes nothing more.
+    _shrink(crowd, _mass.CROWD_MIN // 2)
+    _grow(crowd, higher)
+    assert freezes == 2
+    _shrink(crowd, _mass.CROWD_MIN // 2)
+    assert _mass.frozen()
+    _shrink(crowd, _mass.CROWD_MIN // 2 - 1)
+    assert not _mass.frozen()
+
+
+def test_a_teardown_alone_inside_a_crowd_keeps_its_freeze(crowd: list[_Command]) -> None:
+    """One command of a crowd ending by itself (no burst) leaves the crowd's heap frozen."""
+    _grow(crowd, _mass.CROWD_MIN)
+    assert _mass.frozen()
+    _mass.enter()
+    _mass.leave()
+    assert _mass.frozen()
+
+
+def test_a_burst_inside_a_crowd_releases_the_heap_when_it_ends(crowd: list[_Command]) -> None:
+    """The end of a burst releases what it held (its garbage too); the crowd freezes again once
+    it grows a quarter above its size then."""
+    _grow(crowd, _mass.CROWD_MIN * 2)
+    for _ in range(_mass.INLINE_MAX + 1):
+        _mass.enter()
+    assert _mass.frozen()
+    while _mass.under_way():
+        _mass.leave()
+    assert not _mass.frozen()
+    size = len(crowd)
+    _grow(crowd, size + size // 4 - 1)
+    assert not _mass.frozen()
+    _grow(crowd, size + size // 4)
+    assert _mass.frozen()
+
+
+def test_a_crowd_leaves_a_heap_the_program_froze_alone(crowd: list[_Command]) -> None:
+    """A program that froze its own heap keeps it as it froze it: the crowd neither freezes nor thaws."""
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        _grow(crowd, _mass.CROWD_MIN * 2)
+        assert not _mass.frozen()
+        _shrink(crowd, 0)
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

@@ -117,6 +117,7 @@ class Teardown:
         # not finished when the teardown stopped waiting for it: the leader
         # must not be reaped while it may still be signalled.
         self._in_flight: _signaller.Job[Sent] | None = None
+        _mass.born(self)  # a live command, for the crowd's freeze (_mass.py)
 
     @property
     def budget(self) -> float:
@@ -170,6 +171,7 @@ class Teardown:
             return await self._run_counted()
         finally:
             _mass.leave()
+            _mass.gone(self)
 
     async def _run_counted(self) -> Receipt:
         if self.spawned.feeder is not None:
