@@ -129,7 +129,7 @@ def live() -> int:
 def born(teardown: object) -> None:
     """A command was spawned; `teardown` is its teardown, which calls gone()
     once it is over (one that never runs is forgotten when collected)."""
-    global _crowd_frozen, _crowd_next, _foreign
+    global _crowd_frozen, _crowd_next
     with _lock:
         _live.add(teardown)
         size = len(_live)
@@ -139,12 +139,8 @@ def born(teardown: object) -> None:
         if _crowd_frozen or _frozen_at is not None:
             gc.freeze()  # what the crowd grew by joins the frozen heap
             _crowd_frozen = True
-            return
-        if _foreign is None:
-            _foreign = gc.get_freeze_count() > 0  # O(frozen heap): asked while we hold no freeze
-        if not _foreign:
-            gc.freeze()
-            _crowd_frozen = True
+        else:
+            _crowd_frozen = _freeze_unless_foreign()
 
 
 def gone(teardown: object) -> None:
@@ -153,10 +149,9 @@ def gone(teardown: object) -> None:
     with _lock:
         _live.discard(teardown)
         if _crowd_frozen and _frozen_at is None and len(_live) < CROWD_MIN // 2:
-            _crowd_frozen = False
+            _release()
             _crowd_next = CROWD_MIN
             _foreign = None
-            gc.unfreeze()
 
 
 def requested() -> None:
@@ -187,7 +182,7 @@ _REFREEZE = "t" not in getattr(sys, "abiflags", "")
 
 
 def _maybe_freeze() -> None:
-    global _frozen_at, _foreign
+    global _frozen_at
     if _frozen_at is not None:
         if _REFREEZE:
             gc.freeze()  # what survived since the last one joins the frozen heap
@@ -195,12 +190,21 @@ def _maybe_freeze() -> None:
         if _crowd_frozen:  # ours already: the burst holds it from now
             gc.freeze()
             _frozen_at = time.monotonic()
-            return
-        if _foreign is None:
-            _foreign = gc.get_freeze_count() > 0  # O(frozen heap): once per busy period
-        if not _foreign:
-            gc.freeze()
+        elif _freeze_unless_foreign():
             _frozen_at = time.monotonic()
+
+
+def _freeze_unless_foreign() -> bool:
+    """gc.freeze(), unless the program froze its heap itself; True if frozen.
+    Called only while we hold no freeze: the program is asked once per busy
+    period (gc.get_freeze_count() walks the frozen heap)."""
+    global _foreign
+    if _foreign is None:
+        _foreign = gc.get_freeze_count() > 0
+    if _foreign:
+        return False
+    gc.freeze()
+    return True
 
 
 def leave() -> None:
@@ -236,14 +240,22 @@ def _expire() -> None:
 
 def _thaw() -> None:
     """The burst's freeze ends (and with it a crowd's it held)."""
-    global _frozen_at, _crowd_frozen, _crowd_next
-    if _frozen_at is not None:
-        _frozen_at = None
+    global _crowd_next
+    if _frozen_at is None:
+        return
+    if _crowd_frozen:
+        size = len(_live)
+        _crowd_next = max(CROWD_MIN, size + size // 4)
+    _release()
+
+
+def _release() -> None:
+    """Unfreeze what we froze, for a burst or for a crowd."""
+    global _frozen_at, _crowd_frozen
+    if _frozen_at is not None or _crowd_frozen:
         gc.unfreeze()
-        if _crowd_frozen:
-            _crowd_frozen = False
-            size = len(_live)
-            _crowd_next = max(CROWD_MIN, size + size // 4)
+    _frozen_at = None
+    _crowd_frozen = False
 
 
 class _Turns:
@@ -295,17 +307,14 @@ async def pace() -> None:
 def after_fork() -> None:
     # A forked child runs none of the parent's teardowns: it starts with
     # none under way, and a heap we froze for them is thawed in it.
-    global _active, _asked, _spent, _lock, _foreign, _live, _crowd_frozen, _crowd_next
+    global _active, _asked, _spent, _lock, _foreign, _live, _crowd_next
     _lock = threading.Lock()
     _active = 0
     _asked = 0
     _spent = False
     _foreign = None
     _live = weakref.WeakSet()
-    _thaw()
-    if _crowd_frozen:
-        gc.unfreeze()
-    _crowd_frozen = False
+    _release()
     _crowd_next = CROWD_MIN
 
 
