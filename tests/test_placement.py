@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import py
 from trio_procown import _placement
 
 pytestmark = [
@@ -587,3 +588,24 @@ def test_handled_signals_are_reset_and_ignored_ones_stay_ignored(
     assert fields["SigIgn"] & (1 << (signal.SIGUSR2 - 1))
     for sig in (signal.SIGUSR1, signal.SIGPIPE, signal.SIGXFSZ):
         assert not fields["SigIgn"] & (1 << (sig - 1)), hex(fields["SigIgn"])
+
+
+def test_first_command_of_a_process_with_many_files_open() -> None:
+    """A process whose first owned command comes when it has more than 1024
+    descriptors open (a busy server) runs it: the spawner's trial, the
+    keeper and the teardown never use select(2), which refuses such
+    descriptors."""
+    code = (
+        "import os, resource, sys, trio, trio_procown\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))\n"
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+        "for domain in ('auto', 'process-group'):\n"
+        "    r = trio.run(lambda: trio_procown.run_owned(['/bin/sh', '-c', 'echo ok'], domain=domain))\n"
+        "    out = r.stdout.strip().decode()\n"
+        "    print(domain, r.receipt.cause, r.returncode, out, r.receipt.domain_empty)\n"
+    )
+    done = subprocess.run(py(code), capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().splitlines() == ["auto exited 0 ok True", "process-group exited 0 ok True"]
+    assert b"Traceback" not in done.stderr, done.stderr.decode()

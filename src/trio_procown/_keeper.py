@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import _thread
 import errno
+import math
 import os
 import select
 import sys
@@ -648,7 +649,9 @@ class _Client:
             return True
         try:
             if fd is not None:
-                select.select([fd], [], [], wait)
+                poller = select.poll()  # (select(2) refuses a descriptor numbered 1024 or more)
+                poller.register(fd, select.POLLIN)
+                poller.poll(max(0, math.ceil(wait * 1000)))
             done = os.waitpid(pid, os.WNOHANG)[0] != 0
         except ChildProcessError:
             done = True  # somebody else reaped it

@@ -71,6 +71,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import math
 import os
 import select
 import shutil
@@ -220,7 +221,7 @@ def run_quietly(argv: Sequence[str], timeout: float, *, new_session: bool = Fals
                 proc.wait()
                 raise
         try:
-            ready, _, _ = select.select([fd], [], [], timeout)
+            ready = _readable_within(fd, timeout)
         finally:
             os.close(fd)
         if not ready:
@@ -699,6 +700,15 @@ def spawn_plain(
         return None
 
 
+def _readable_within(fd: int, timeout: float) -> bool:
+    """Block until `fd` is readable (a pidfd: its process ended), at most
+    `timeout` seconds. poll(2), not select(2): select refuses a descriptor
+    numbered 1024 or more, which a process with many files open is given."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
+
+
 def _trial(fn: Any, program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:
     """Run `program` through the spawner `fn` with no stdio, inside the
     cgroup open on `cgroup_fd` (-1: none), and wait at most `timeout` for it:
@@ -710,7 +720,7 @@ def _trial(fn: Any, program: str, argv: Sequence[str], cgroup_fd: int, timeout: 
     finally:
         os.close(null)
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        ready = _readable_within(pidfd, timeout)
         if not ready:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         status = os.waitpid(pid, 0)[1]
