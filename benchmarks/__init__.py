@@ -6,8 +6,8 @@
 # The peers (subprocess.run, the communicate recipe, trio.run_process,
 # anyio.run_process, the asyncio recipe, an ADK-style teardown written from
 # its published description) run in the same run, on the same scenarios.
-# Every scenario interleaves the variants it compares round-robin in the same
-# run, because the machine is noisy: the numbers to read are the ratios
+# Every scenario interleaves the variants it compares (one sample of each per
+# round, in an order shuffled for each round) in the same run, because the machine is noisy: the numbers to read are the ratios
 # between variants measured side by side, not absolute times across runs.
 # Results go to benchmarks/results/latest.md and latest.json, with PNG plots
 # next to them (matplotlib, optional: the `bench` extra); a --quick run

@@ -1,13 +1,21 @@
-# Shared machinery of the benchmarks: configuration, round-robin interleaving
-# of the compared variants, summary statistics, the process marker that lets
+# Shared machinery of the benchmarks: configuration, interleaving of the
+# compared variants in shuffled rounds, summary statistics, the process marker that lets
 # us find (and kill) anything a benchmark left behind, and the description of
 # the machine the numbers were measured on.
 #
 # Why interleave: this is a noisy 2-core VM. Measuring variant A for a while
 # and then variant B lets a burst of background load land on one of them
-# only. Running one sample of each variant per round, rotating which goes
-# first, spreads the noise over all of them, so their ratio is meaningful
-# even when absolute times drift by 15% between runs.
+# only. Running one sample of each variant per round, in an order shuffled
+# anew for each round, spreads the noise over all of them, so their ratio is
+# meaningful even when absolute times drift by 15% between runs.
+#
+# Why shuffle rather than rotate: a rotated cyclic order gives each variant
+# one fixed predecessor, and whatever a call leaves behind lands on the next
+# one alone. Measured on this VM (2026-12-02): the call right after a
+# blocking spawn (subprocess.run) or after trio.run_process pays ~0.2 ms
+# more, whichever variant it is; in the rotated order that was always
+# run_owned process-group (1.23 x trio there, 0.95-1.01 x in any other
+# place). The shuffle is seeded (ORDER_SEED): the same orders every run.
 #
 # Why a marker: every command a benchmark starts inherits BENCH_MARKER=<uuid>
 # from os.environ (set once at start). Scanning /proc/*/environ for it finds
@@ -21,6 +29,7 @@ import datetime
 import gc
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -28,7 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -148,18 +157,32 @@ def timed_sync(call: Callable[[], object]) -> Measure:
     return measure
 
 
+# The seed of the rounds' orders: the runs differ by the machine, not by the order.
+ORDER_SEED = 16
+
+
+def round_orders(names: Sequence[str], rounds: int, seed: int = ORDER_SEED) -> Iterator[list[str]]:
+    """`rounds` orders of `names`, each shuffled anew (seeded): over the
+    rounds every variant goes first, and follows each other one, about
+    equally often."""
+    rng = random.Random(seed)
+    order = list(names)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        yield list(order)
+
+
 async def interleaved(variants: Mapping[str, Measure], rounds: int, warmup: int) -> dict[str, list[float]]:
     """Run `warmup` unrecorded rounds, then `rounds` recorded ones; each round
-    takes one sample of every variant, starting at a rotating position."""
+    takes one sample of every variant, in its own shuffled order (round_orders)."""
     names = list(variants)
     for _ in range(warmup):
         for name in names:
             await variants[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
+    for order in round_orders(names, rounds):
         gc.collect()  # outside any timed region: no collection lands in one variant only
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in order:
             samples[name].append(await variants[name]())
     return samples
 

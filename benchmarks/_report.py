@@ -61,7 +61,7 @@ def markdown(
         "`python -m benchmarks`; `python -m benchmarks --quick` is the smoke run (results in `results/quick/`).",
         "",
         f"Mode: **{env['mode']}** (`python -m benchmarks{' --quick' if env['mode'] == 'quick' else ''}`), "
-        f"total {total:.1f} s. Variants are interleaved round-robin within each scenario; compare "
+        f"total {total:.1f} s. Variants are interleaved within each scenario (one sample of each per round, in an order shuffled for each round); compare "
         "ratios within this run, not absolute times across runs. Targets are printed, never asserted.",
         "",
         "Domains: " + "; ".join(f"{k}: {v}" for k, v in env["domains"].items()) + ".",

@@ -3,7 +3,7 @@
 # 'sleep 9 & sleep 9'` (issue 16: goal <= +20 ms over GNU timeout).
 #
 # What it measures: the wall time from starting each whole process to its
-# exit, interleaved round-robin in the same rounds, each child with cached
+# exit, interleaved in the same (shuffled) rounds, each child with cached
 # bytecode (as startup.py: PYTHONPYCACHEPREFIX in a private directory,
 # filled by a warm-up), stdout/stderr to /dev/null. The reported figure is
 # the difference of the medians, procown - GNU timeout, and the median of
@@ -260,7 +260,7 @@ async def run(cfg: Config) -> Section:
     section = Section(
         "cli_deadline",
         f"10. Returning after a deadline, whole processes: `{PROCOWN}` vs GNU timeout",
-        f"Whole processes, start to exit, interleaved round-robin: `{PROCOWN}` against `{GNU}` "
+        f"Whole processes, start to exit, interleaved in shuffled rounds: `{PROCOWN}` against `{GNU}` "
         f"(and, in full runs, `{GNU_FG}`), with `python -c pass` as the floor of any Python command line; survivors of each sample counted 0.1 s after its exit by a tag "
         "in its environment, then killed. Then where procown's extra time goes, phase by phase.",
     )
@@ -340,7 +340,7 @@ async def run(cfg: Config) -> Section:
                 "target",
             ],
             rows,
-            caption=f"{rounds} rounds, one sample of each per round, rotating order; bytecode cached. "
+            caption=f"{rounds} rounds, one sample of each per round, in a shuffled order; bytecode cached. "
             "'paired diff' is the median of the per-round differences procown - GNU timeout. Survivors: "
             "live processes of the sample 0.1 s after its exit (killed after counting).",
         )

@@ -177,9 +177,10 @@ async def run(cfg: Config) -> Section:
     domains = usable_domains()
     anomalies: list[str] = []
     variants: dict[str, Measure] = {}
-    # Domains alternate, so that each cgroup variant follows a process-group
-    # one in every rotation: a cgroup spawn right after another is faster
-    # (see spawn.py on the kernel's RCU wait), which would favour one side.
+    # The rounds' shuffled orders (round_orders) put each variant after each
+    # other one about equally often: a cgroup spawn right after another is
+    # faster (see spawn.py on the kernel's RCU wait), which a fixed order
+    # could give to one side only.
     for keeper in (True, False):
         for d in domains:
             variants[f"{d} {'keeper' if keeper else 'no keeper'}"] = _owned(d, keeper, anomalies)

@@ -12,7 +12,7 @@
 #    throwaway project times pytest_runtestloop, so interpreter start-up and
 #    collection are left out; the overhead per test is
 #    (median loop time of the variant - median loop time with the plugin off) / N.
-#    Variants are interleaved round-robin, rotating which goes first, because
+#    Variants are interleaved, in an order shuffled for each round, because
 #    the machine is noisy (see _harness.py).
 # 2. The mechanism alone, in-process: one window as a test uses it (open,
 #    two phase changes, close, find, release), timed in a loop. This is the
@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 
 from trio_procown import pytest_plugin
+
+from ._harness import round_orders
 
 TARGET_MS = 5.0
 
@@ -118,8 +120,7 @@ def end_to_end(n: int, rounds: int, cgroups: bool) -> dict[str, dict[str, list[f
         for workload in TESTS:
             per = samples.setdefault(workload, {name: [] for name in names})
             _run_pytest(project, workload, variants["off"])  # warm-up: caches, bytecode
-            for r in range(rounds):
-                order = names[r % len(names) :] + names[: r % len(names)]
+            for order in round_orders(names, rounds):
                 for name in order:
                     per[name].append(_run_pytest(project, workload, variants[name]))
     return samples

@@ -52,6 +52,7 @@ from ._harness import (
     interleaved,
     paired_ratio,
     ratio,
+    round_orders,
     timed_async,
     timed_sync,
     us,
@@ -116,15 +117,14 @@ async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float,
     }
     calls.update({f"run_owned {d}": owned(d) for d in domains})
     out: dict[str, dict[float, list[float]]] = {name: {0.0: [], IDLE_GAP: []} for name in calls}
-    names = list(calls)
     for call in calls.values():
         await call()
-    # Interleaved: sample i of every variant is taken in turn (the order
-    # rotating), so a drift of the machine's speed reaches all alike.
-    for i in range(2 * n):
+    # Interleaved: sample i of every variant is taken in turn (in an order
+    # shuffled for each round, see round_orders), so a drift of the
+    # machine's speed reaches all alike.
+    for i, order in enumerate(round_orders(list(calls), 2 * n)):
         gap = IDLE_GAP if i % 2 else 0.0
-        k = (i // 2) % len(names)
-        for name in names[k:] + names[:k]:
+        for name in order:
             if gap:
                 await trio.sleep(gap)
             start = time.perf_counter()
@@ -138,7 +138,7 @@ async def run(cfg: Config) -> Section:
         "spawn",
         "1. Spawn-and-wait of /bin/true",
         "Time from call to return for a command that exits at once. One sample of "
-        "each variant per round, rotating the order; ratios are of medians "
+        "each variant per round, in an order shuffled for each round; ratios are of medians "
         "(and, for run_owned, also the median of per-round paired ratios).",
     )
     options = {o.name: o for o in trio_procown.available_domains()}
@@ -273,7 +273,7 @@ async def run(cfg: Config) -> Section:
             ],
             gap_rows,
             caption=f"{cfg.pick(15, 40)} samples per cell, each variant capturing both streams of "
-            "/bin/true, alternating the two gaps, the variants interleaved (rotating order). The idle figure is the cost of an occasional command.",
+            "/bin/true, alternating the two gaps, the variants interleaved (shuffled order). The idle figure is the cost of an occasional command.",
         )
     )
     section.data = {
