@@ -645,3 +645,70 @@ def test_plugin_imports_no_leak_machinery_until_used() -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert pytest_plugin._MECHANISMS == _leaks.MECHANISMS
+
+
+def test_a_fork_from_another_thread_does_not_hold_our_fork_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork log's per-fork sync pipe is closed in every child forked
+    meanwhile from another thread: such a child, if long-lived, would
+    otherwise hold the write end, and the first fork's parent would wait
+    out FORK_SYNC_WAIT for an EOF that only that child's exit gives."""
+    import threading
+
+    log = _leaks._FORK_LOG
+    log.install()
+    monkeypatch.setenv(COOKIE_ENV, "fork-sync-test")
+    log._before()  # thread A's fork, in flight: its sync pipe made
+    sync = log._local.sync
+    assert sync is not None
+    log._unlock()  # (as after the lock's bounded wait gave up: the close in the child must do it)
+    sync_pipe = f"pipe:[{os.fstat(sync[1]).st_ino}]"
+    release_r, release_w = os.pipe()
+    forked: list[int] = []
+
+    def fork_b() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os.close(release_w)
+            os.read(release_r, 1)
+            os._exit(0)
+        forked.append(pid)
+
+    try:
+        thread = threading.Thread(target=fork_b)
+        thread.start()
+        thread.join(30)
+        assert forked, "the fork from thread B did not return"
+        held = {os.readlink(f"/proc/{forked[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{forked[0]}/fd")}
+        assert sync_pipe not in held
+    finally:
+        log._in_parent()  # A's parent side: closes its pipe
+        os.close(release_w)  # B's child reads EOF and exits
+        for pid in forked:
+            os.waitpid(pid, 0)
+        os.close(release_r)
+
+
+def test_a_test_interrupted_by_ctrl_c_is_named_for_what_it_left(
+    pytester: pytest.Pytester, recorded: Recorded
+) -> None:
+    """A test interrupted in its call (KeyboardInterrupt: pytest skips its
+    teardown hooks) is still the one named for the process it left, not the
+    session; the process is terminated."""
+    body = """
+def test_interrupted():
+    spawn("sleep", "30")
+    raise KeyboardInterrupt
+"""
+    pytester.makepyfile(test_interrupted=_source(pytester, body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*procown: processes left behind*",
+            "test_interrupted.py::test_interrupted left 1 process(es) running:",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*the test session (outside any test) left*")
+    assert str(pid) in result.stdout.str()
+    assert recorded.alive() == []

@@ -241,6 +241,8 @@ class _ForkLog:
         self._write_fd = -1
         self._partial = b""
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._in_flight: set[int] = set()  # every fork's sync pipe fds, until its parent closes them
         self.records: dict[int, tuple[int, str, str]] = {}  # pid -> (start, role, cookie chain)
 
     def install(self) -> None:
@@ -256,16 +258,36 @@ class _ForkLog:
 
     def _before(self) -> None:
         self._local.sync = None
+        self._local.locked = False
         try:
             if os.environ.get(COOKIE_ENV):
                 self._local.role = _forking_role()
-                self._local.sync = os.pipe()
+                # One sync pipe in the making at a time, held until the fork
+                # is done: a fork from another thread then sees every sync
+                # pipe of ours in _in_flight, and its child closes them (else
+                # it would hold our write end, and we would wait for it).
+                self._local.locked = self._lock.acquire(timeout=self.FORK_SYNC_WAIT)
+                sync = os.pipe()
+                self._in_flight.update(sync)
+                self._local.sync = sync
         except BaseException:  # never disturb the fork
             pass
+
+    def _unlock(self) -> None:
+        if getattr(self._local, "locked", False):
+            self._local.locked = False
+            with contextlib.suppress(RuntimeError):
+                self._lock.release()
 
     def _in_child(self) -> None:
         sync: tuple[int, int] | None = getattr(self._local, "sync", None)
         self._local.sync = None
+        self._unlock()
+        for fd in list(self._in_flight):  # other threads' forks' sync pipes, not ours to hold
+            if sync is None or fd not in sync:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._in_flight.clear()
         try:
             chain = os.environ.get(COOKIE_ENV)
             if chain:
@@ -286,16 +308,21 @@ class _ForkLog:
         sync: tuple[int, int] | None = getattr(self._local, "sync", None)
         self._local.sync = None
         if sync is None:
+            self._unlock()
             return
         read_fd, write_fd = sync
         try:
+            self._in_flight.discard(write_fd)
             os.close(write_fd)
+            self._unlock()
             poller = select.poll()
             poller.register(read_fd, select.POLLIN | select.POLLHUP)
             poller.poll(int(self.FORK_SYNC_WAIT * 1000))  # EOF: the child wrote (or died)
         except BaseException:
             pass
         finally:
+            self._unlock()
+            self._in_flight.discard(read_fd)
             with contextlib.suppress(OSError):
                 os.close(read_fd)
 

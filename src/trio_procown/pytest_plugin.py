@@ -303,10 +303,28 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     # stops its workers there), before the terminal summary.
     result = yield
     state = session.config.stash.get(_STATE, None)
-    if state is None or state.session is None:
+    if state is None:
         return result
     from ._leaks import format_leaks, is_running
 
+    lines: list[str] = []
+    # A test interrupted in its call (Ctrl-C) never reached its teardown
+    # hook: its window is still open. What it started is its own, reported
+    # under its name, before the session's sweep would claim it.
+    test, state.current = state.current, None
+    if test is not None:
+        test.watch.close()
+        leaks = test.watch.sweep(test.keep, spare=state.spare)
+        test.watch.release()
+        if leaks:
+            if test.keep:
+                state.reported.update((leak.pid, leak.start_key) for leak in leaks)
+            lines.append(format_leaks(test.watch.owner, leaks, test.watch.mechanism()))
+    red = bool(lines)
+    if state.session is None:
+        if lines:
+            _write_section(session.config, "procown: processes left behind", "\n".join(lines), red=True)
+        return result
     watch, state.session = state.session, None
     mode, keep = state.settings()
     watch.close()
@@ -318,7 +336,6 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     leaks = [leak.credited(state.spared.get((leak.pid, leak.start_key))) for leak in leaks]
     watch.release()
     state.tracker.remove_leftovers()  # kept leaks may have ended by now
-    lines = []
     if leaks:
         lines.append(format_leaks(watch.owner, leaks, watch.mechanism()))
     if kept:
@@ -326,7 +343,9 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     if state.tracker.leftover_cgroups:
         lines.append("cgroups left behind (still populated): " + ", ".join(state.tracker.leftover_cgroups))
     if lines:
-        _write_section(session.config, "procown: processes left behind", "\n".join(lines), red=bool(leaks))
+        _write_section(
+            session.config, "procown: processes left behind", "\n".join(lines), red=bool(leaks) or red
+        )
     if leaks and mode == "fail" and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     return result
