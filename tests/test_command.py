@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -413,3 +416,54 @@ async def test_unknown_first_signal_is_refused(value: int) -> None:
     """A number that is no signal raises ValueError before anything is spawned."""
     with pytest.raises(ValueError, match="first_signal"):
         await trio_procown.run_owned(["true"], first_signal=value)
+
+
+async def test_spawn_errors_are_the_oses_own(tmp_path: Path) -> None:
+    """A program or cwd that cannot be used raises the OSError subclass
+    exec(2) would (as subprocess does), naming the file once; a NUL inside
+    an argument or the cwd is a ValueError, before anything runs."""
+    with pytest.raises(NotADirectoryError) as not_dir:
+        await trio_procown.run_owned(["/etc/passwd/x"])
+    assert str(not_dir.value).count("/etc/passwd/x") == 1
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError, match="symbolic links") as looped:
+        await trio_procown.run_owned([str(loop / "x")])
+    assert looped.value.errno == errno.ELOOP
+    with pytest.raises(ValueError, match="null byte"):
+        await trio_procown.run_owned(["tr\0ue"])
+    with pytest.raises(ValueError, match="null byte"):
+        await trio_procown.run_owned(["true"], cwd="/tm\0p")
+    with pytest.raises(FileNotFoundError) as bad_cwd:
+        await trio_procown.run_owned(["./x"], cwd=str(tmp_path / "nowhere"))
+    assert bad_cwd.value.filename == str(tmp_path / "nowhere")  # the cwd is to blame, not ./x
+    with pytest.raises(FileNotFoundError) as missing:
+        await trio_procown.run_owned(["no-such-command-procown-test"])
+    assert str(missing.value).count("no-such-command-procown-test") == 1
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "plain").write_text("not a program\n")
+    with pytest.raises(PermissionError):  # found on PATH but not executable: EACCES, as execvp
+        await trio_procown.run_owned(["plain"], env={"PATH": str(tmp_path / "bin")})
+
+
+async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
+    """A path-like alone is one program; bytes and path-like arguments are
+    decoded; any iterable is read once; a bytes cwd and a bytes-keyed PATH
+    work as in subprocess. A bytes or int command is a clear TypeError."""
+    true = Path(shutil.which("true") or "/bin/true")
+    assert (await trio_procown.run_owned(true)).returncode == 0
+    assert (await trio_procown.run_owned([b"echo", Path("x"), "y"])).stdout == b"x y\n"
+    assert (await trio_procown.run_owned(a for a in ["echo", "once"])).stdout == b"once\n"
+    assert (await trio_procown.run_owned(["pwd"], cwd=os.fsencode(tmp_path))).stdout == os.fsencode(
+        f"{tmp_path}\n"
+    )
+    (tmp_path / "bin").mkdir()
+    only = tmp_path / "bin" / "only-here"
+    only.write_text("#!/bin/sh\necho found\n")
+    only.chmod(0o755)
+    found = await trio_procown.run_owned(["only-here"], env={b"PATH": os.fsencode(tmp_path / "bin")})  # type: ignore[dict-item]
+    assert found.stdout == b"found\n"
+    with pytest.raises(TypeError, match="not bytes"):
+        await trio_procown.run_owned(b"echo hi")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not int"):
+        await trio_procown.run_owned(5)  # type: ignore[arg-type]

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -394,3 +396,135 @@ async def test_owned_options_are_accepted() -> None:
     done = await run_process(EXIT_TRUE, grace=0.5, kill_wait=0.5, domain="process-group")
     assert done.receipt.domain == "process-group"  # type: ignore[attr-defined]
     assert trio_procown.run_process is run_process
+
+
+async def test_closing_a_piped_stdout_stops_reading_as_trio_does() -> None:
+    """Closing handle.stdout closes the pipe's read end: a writer that never
+    stops (`yes`) gets SIGPIPE, as with trio's own pipe; a receive after the
+    close raises ClosedResourceError."""
+    writer = python(
+        "import signal; signal.signal(signal.SIGPIPE, signal.SIG_DFL)\nwhile True: print('y' * 100)"
+    )
+    with trio.fail_after(10):
+        async with run_process_in_nursery(writer, stdout=subprocess.PIPE) as proc:
+            assert proc.stdout is not None
+            assert await proc.stdout.receive_some(10)
+            await proc.stdout.aclose()
+            with pytest.raises(trio.ClosedResourceError):
+                await proc.stdout.receive_some()
+            assert await proc.wait() == -signal.SIGPIPE
+    steps = [(step.target, step.outcome) for step in proc.run.receipt.steps]  # type: ignore[union-attr]
+    assert ("stdout", "closed by the caller") in steps
+
+
+async def test_closing_stdout_after_its_end_is_not_a_cut() -> None:
+    """`async with proc.stdout` around a read to the end closes a stream that
+    already ended: the receipt does not claim the caller cut it short."""
+    async with run_process_in_nursery(python("print('done')"), stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        seen = b""
+        async with proc.stdout:
+            async for chunk in proc.stdout:
+                seen += chunk
+        assert seen == b"done\n"
+        assert await proc.wait() == 0
+    assert all(step.outcome != "closed by the caller" for step in proc.run.receipt.steps)  # type: ignore[union-attr]
+
+
+async def test_two_tasks_receiving_at_once_is_a_busy_resource() -> None:
+    """As on trio's streams, a second concurrent receive raises BusyResourceError."""
+    reader = python("sys.stdin.read()")
+    async with run_process_in_nursery(reader, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        stdout = proc.stdout
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stdout.receive_some)
+            await wait_all_tasks_blocked()
+            with pytest.raises(trio.BusyResourceError):
+                await stdout.receive_some()
+            await proc.stdin.aclose()  # the command exits; the first receive sees the end
+        with pytest.raises(ValueError, match="max_bytes"):
+            await stdout.receive_some(0)
+
+
+@pytest.mark.parametrize("entry", ["run_process", "run_owned"])
+async def test_an_already_cancelled_scope_starts_nothing(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like trio.run_process, entering under a scope that is already cancelled
+    raises Cancelled before anything is spawned: the spawner is never called."""
+    from trio_procown import _command
+
+    calls: list[object] = []
+    real_spawn = _command.spawn
+
+    def counting_spawn(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return real_spawn(*args, **kwargs)
+
+    monkeypatch.setattr(_command, "spawn", counting_spawn)
+    for _ in range(5):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            if entry == "run_process":
+                await run_process(EXIT_TRUE)
+            else:
+                await trio_procown.run_owned(EXIT_TRUE)
+        assert scope.cancelled_caught
+    assert calls == []
+    await run_process(EXIT_TRUE)  # and outside the cancelled scope it does spawn
+    assert len(calls) == 1
+
+
+async def test_popen_defaults_spelled_out_are_accepted() -> None:
+    """Code that spells out Popen's defaults (umask=-1, restore_signals=True,
+    pass_fds=(), ...) runs; a value the owned spawn cannot honour is refused,
+    saying why."""
+    done = await run_process(
+        EXIT_TRUE,
+        umask=-1,
+        restore_signals=True,
+        pipesize=-1,
+        pass_fds=(),
+        user=None,
+        group=None,
+        extra_groups=None,
+        process_group=None,
+        creationflags=0,
+        startupinfo=None,
+        bufsize=0,
+        text=False,
+    )
+    assert done.returncode == 0
+    with pytest.raises(TypeError, match="umask"):
+        await run_process(EXIT_TRUE, umask=0o077)
+    with pytest.raises(TypeError, match="restore_signals"):
+        await run_process(EXIT_TRUE, restore_signals=False)
+
+
+async def test_the_command_forms_trio_takes(tmp_path: Any) -> None:
+    """As trio.run_process (through Popen): a path-like program alone, bytes
+    arguments, a bytes cwd."""
+    true = shutil.which("true")
+    assert true is not None
+    assert (await run_process(Path(true))).returncode == 0
+    done = await run_process([b"pwd"], cwd=os.fsencode(tmp_path), capture_stdout=True)
+    assert done.stdout == os.fsencode(f"{tmp_path}\n")
+
+
+def test_a_closed_stdin_or_stdout_of_ours_is_not_handed_on() -> None:
+    """A daemon that closed its fds 0 and 1 (so trio's own fds took their
+    numbers) runs a command with stdin=None and stdout inherited: the command
+    gets /dev/null there, never trio's epoll or wakeup fd."""
+    code = (
+        "import os, sys, trio, trio_procown\n"
+        "report = os.dup(1)\n"
+        "os.close(0); os.close(1)\n"
+        "async def main():\n"
+        "    done = await trio_procown.run_process(\n"
+        "        ['sh', '-c', 'echo $(readlink /proc/$$/fd/0) $(readlink /proc/$$/fd/1) >&2', sys.argv[1]],\n"
+        "        stdin=None, capture_stderr=True)\n"
+        "    os.write(report, done.stderr)\n"
+        "trio.run(main)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, MARKER], capture_output=True, timeout=60, check=True)
+    assert done.stdout.decode().split() == ["/dev/null", "/dev/null"], done.stderr

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Unpack
 
@@ -18,6 +17,7 @@ import trio
 
 from ._command import Command, OwnedCommand, OwnedOptions, OwnedResult, open_owned_command, run_owned
 from ._receipt import Receipt
+from ._spawn import normalize_command
 
 
 @dataclass(eq=False)
@@ -49,7 +49,7 @@ class OwnedCommands:
         self._entries: list[_Entry] = []
 
     async def __call__(self, command: Command, **options: Unpack[OwnedOptions]) -> OwnedCommand:
-        entry = _Entry(command, options)
+        entry = _Entry(normalize_command(command), options)
         self._entries.append(entry)
         trio.lowlevel.spawn_system_task(self._run_in_background, entry, name=f"procown_command {command!r}")
         await entry.started.wait()
@@ -60,6 +60,7 @@ class OwnedCommands:
 
     async def run(self, command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:
         """Run `command` to completion (run_owned), recording its receipt."""
+        command = normalize_command(command)
         result = await run_owned(command, **options)
         self.receipts.append((command, result.receipt))
         return result
@@ -112,6 +113,7 @@ class OwnedCommands:
         """Every receipt, as `$ command` and its summary."""
         parts = []
         for command, receipt in self.receipts:
-            shown = command if isinstance(command, str) else " ".join(os.fspath(a) for a in command)
+            argv = normalize_command(command)
+            shown = argv if isinstance(argv, str) else " ".join(argv)
             parts.append(f"$ {shown}\n{receipt.summary()}")
         return "\n\n".join(parts)

@@ -353,6 +353,8 @@ class OwnedCommand:
         if drain is None:
             msg = f"{name} is not captured for this command"
             raise ValueError(msg)
+        if drain.done.is_set():
+            return  # it had already ended: nothing is cut short
         drain.close_by_reader()
         self._teardown.step(Action.DRAIN, name, f"{drain.capture.total} byte(s) read", "closed by the caller")
 
@@ -604,6 +606,10 @@ async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedR
         result = await trio_procown.run_owned(["ls", "-l"], timeout=60)
         print(result.returncode, result.receipt.cause)
     """
+    # Like trio.run_process: under a scope already cancelled, nothing is
+    # started (its receipt could not be returned). A block of
+    # open_owned_command, by contrast, is entered and its receipt kept.
+    await trio.lowlevel.checkpoint_if_cancelled()
     async with open_owned_command(command, **options) as run:
         receipt = await run.wait()
     return OwnedResult(run.stdout, run.stderr, receipt.returncode, receipt)

@@ -36,19 +36,22 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 import trio
 
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
-from ._drain import ChunkStream
 from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
+from ._spawn import normalize_command
 
-# Popen keywords that would give up ownership of the tree, and why.
+# Popen keywords that would give up ownership of the tree, and why. Each is
+# accepted at its Popen default (what code spelling out the defaults passes),
+# and refused otherwise.
 _REFUSED = {
     "preexec_fn": "it runs in the child before exec, where the command must already be in its domain "
     "(and it is unsafe with threads)",
@@ -57,9 +60,26 @@ _REFUSED = {
     "group": "changing group is not supported by the owned spawn",
     "extra_groups": "changing groups is not supported by the owned spawn",
     "pass_fds": "extra inherited fds are not supported by the owned spawn",
+    "umask": "the owned spawn does not change the umask (set it in the command: sh -c 'umask 077; ...')",
+    "restore_signals": "the command always starts with SIGPIPE, SIGXFZ and SIGXFSZ at their defaults",
+    "pipesize": "the owned spawn does not resize pipes",
     "startupinfo": "Windows only",
     "creationflags": "Windows only",
 }
+_POPEN_DEFAULTS: dict[str, object] = {
+    "preexec_fn": None,
+    "process_group": None,
+    "user": None,
+    "group": None,
+    "extra_groups": None,
+    "pass_fds": (),
+    "umask": -1,
+    "restore_signals": True,
+    "pipesize": -1,
+    "startupinfo": None,
+    "creationflags": 0,
+}
+_TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
 # Options of trio_procown itself, accepted beside trio's.
 _OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal")
 
@@ -131,18 +151,46 @@ class OwnedProcess:
 
 
 class _ChunkReceiveStream(trio.abc.ReceiveStream):
-    """A ReceiveStream over the command's single drain (lossless)."""
+    """A ReceiveStream over the command's single drain (lossless), with
+    trio's stream semantics: closing it closes the pipe's read end (the
+    command's next write sees a broken pipe, as with trio's own pipe), a
+    receive after the close raises ClosedResourceError, and two tasks
+    receiving at once raise BusyResourceError."""
 
-    def __init__(self, chunks: ChunkStream) -> None:
-        self._chunks = chunks
+    def __init__(self, run: OwnedCommand, name: Literal["stdout", "stderr"]) -> None:
+        self._run = run
+        self._name: Literal["stdout", "stderr"] = name
+        self._chunks = run.stream(name, lossless=True)
         self._pending = b""
+        self._closed = False
+        self._busy = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if not self._pending:
-            try:
-                self._pending = await self._chunks.__anext__()
-            except StopAsyncIteration:
-                return b""
+        if max_bytes is not None:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                msg = "max_bytes must be integer >= 1"
+                raise ValueError(msg)
+        if self._busy:
+            msg = "another task is using this stream for receive"
+            raise trio.BusyResourceError(msg)
+        self._busy = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError("the stream was closed")
+            if not self._pending:
+                try:
+                    self._pending = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._pending = b""
+                if self._closed:  # closed by another task while we waited
+                    raise trio.ClosedResourceError("another task closed this stream")
+                if not self._pending:
+                    return b""
+            else:
+                await trio.lowlevel.checkpoint()
+        finally:
+            self._busy = False
         if max_bytes is None or max_bytes >= len(self._pending):
             data, self._pending = self._pending, b""
         else:
@@ -150,7 +198,11 @@ class _ChunkReceiveStream(trio.abc.ReceiveStream):
         return data
 
     async def aclose(self) -> None:
-        await self._chunks.aclose()
+        if not self._closed:
+            self._closed = True
+            self._pending = b""
+            self._chunks.close()
+            self._run.stop_reading(self._name)
         await trio.lowlevel.checkpoint()
 
 
@@ -165,7 +217,7 @@ def _check_command(command: object, shell: bool) -> None:
 
 
 def _check_options(options: dict[str, object]) -> None:
-    for key in ("universal_newlines", "text", "encoding", "errors", "bufsize"):
+    for key in _TEXT_OPTIONS:
         if options.get(key):
             msg = (
                 "trio.Process only supports communicating over "
@@ -173,7 +225,7 @@ def _check_options(options: dict[str, object]) -> None:
             )
             raise TypeError(msg)
     for key, why in _REFUSED.items():
-        if options.get(key) is not None:
+        if key in options and not _is_default(key, options[key]):
             msg = f"trio_procown.run_process cannot honour {key}= while owning the command's tree: {why}"
             raise TypeError(msg)
     if "start_new_session" in options and not options["start_new_session"]:
@@ -196,13 +248,18 @@ def _check_options(options: dict[str, object]) -> None:
         "executable",
         *_OWNED,
     }
-    unknown = (
-        set(options) - known - set(_REFUSED) - {"universal_newlines", "text", "encoding", "errors", "bufsize"}
-    )
+    unknown = set(options) - known - set(_REFUSED) - set(_TEXT_OPTIONS)
     if unknown:
         name = sorted(unknown)[0]
         msg = f"run_process() got an unexpected keyword argument {name!r}"
         raise TypeError(msg)
+
+
+def _is_default(key: str, value: object) -> bool:
+    default = _POPEN_DEFAULTS[key]
+    if key == "pass_fds":
+        return value is None or (isinstance(value, (tuple, list, set, frozenset)) and not value)
+    return value is default or (type(value) is type(default) and value == default)
 
 
 def _output_target(name: str, value: Any, capture: bool) -> Target:
@@ -227,6 +284,14 @@ def _output_target(name: str, value: Any, capture: bool) -> Target:
 
 
 _ABSENT: Any = object()
+
+
+def _inheritable(fd: int) -> bool:
+    """Whether `fd` is open and inheritable (not close-on-exec)."""
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
 
 
 async def run_process(
@@ -279,8 +344,8 @@ async def run_process(
     _check_command(command, shell)
     _check_options(options)
     owned: dict[str, Any] = {key: options.pop(key) for key in _OWNED if key in options}
-    options.pop("start_new_session", None)
-    options.pop("close_fds", None)
+    for key in ("start_new_session", "close_fds", *_POPEN_DEFAULTS, *_TEXT_OPTIONS):
+        options.pop(key, None)  # (checked above: each is at a value we honour)
     executable = options.pop("executable", None)
     piped = {name: options.get(name, _ABSENT) is subprocess.PIPE for name in ("stdout", "stderr")}
     stdout = _output_target("stdout", options.pop("stdout", _ABSENT), capture_stdout)
@@ -291,18 +356,22 @@ async def run_process(
         script = os.fsdecode(command)  # type: ignore[arg-type]
         argv = script if executable is None else [os.fsdecode(executable), "-c", script]
     else:
-        argv = [os.fsdecode(a) for a in command]  # type: ignore[union-attr, arg-type]
+        argv = normalize_command(command)
         if executable is not None:
             msg = "trio_procown.run_process does not support executable= without shell=True"
             raise TypeError(msg)
 
+    await trio.lowlevel.checkpoint_if_cancelled()  # as trio: a cancelled scope starts nothing
     stdin_write: int | None = None
     stdin_read: int | None = None
     source: Any
     if isinstance(stdin, (bytes, bytearray, memoryview)):
         source = bytes(stdin)
     elif stdin is None:
-        source = 0  # the caller's stdin, as trio
+        # The caller's stdin, as trio; if our fd 0 is closed (or is not a
+        # stdin at all but a close-on-exec fd of ours, such as trio's epoll
+        # in a daemon that closed 0), the command reads /dev/null instead.
+        source = 0 if _inheritable(0) else None
     elif stdin is subprocess.PIPE or stdin == subprocess.PIPE:
         stdin_read, stdin_write = os.pipe()
         os.set_inheritable(stdin_read, False)
@@ -335,8 +404,8 @@ async def run_process(
                 run,
                 command,
                 send,
-                _ChunkReceiveStream(run.stream("stdout", lossless=True)) if piped["stdout"] else None,
-                _ChunkReceiveStream(run.stream("stderr", lossless=True)) if piped["stderr"] else None,
+                _ChunkReceiveStream(run, "stdout") if piped["stdout"] else None,
+                _ChunkReceiveStream(run, "stderr") if piped["stderr"] else None,
             )
             task_status.started(handle)
             try:

@@ -46,7 +46,7 @@ from ._errors import OwnerClosed, ServiceError, ServiceNotReady
 from ._handoff import HandoffReceipt
 from ._ready import Readiness, await_ready
 from ._receipt import Receipt
-from ._spawn import Command
+from ._spawn import Command, normalize_command
 
 RestartPolicy = Literal["never", "on-failure", "always"]
 ServiceState = Literal["starting", "ready", "restarting", "stopping", "stopped", "exited", "failed"]
@@ -184,6 +184,7 @@ class ServiceOwner:
         if max_restarts < 0:
             msg = f"max_restarts must be >= 0, not {max_restarts!r}"
             raise ValueError(msg)
+        command = normalize_command(command)  # read once: a restart runs the same argv
         svc = Service(name or _name_of(command), command, _Origin.STARTED)
         self.services.append(svc)
         assert self._nursery is not None
@@ -315,9 +316,10 @@ class ServiceOwner:
 
 
 def _name_of(command: Command | Sequence[str]) -> str:
-    if isinstance(command, str):
-        return command.split()[0] if command.split() else command
-    return os.path.basename(os.fspath(command[0])) if command else "service"
+    argv = normalize_command(command)
+    if isinstance(argv, str):
+        return argv.split()[0] if argv.split() else argv
+    return os.path.basename(argv[0]) if argv else "service"
 
 
 @asynccontextmanager

@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import NoReturn, TypeAlias
 
 import trio
 
@@ -37,7 +38,7 @@ INHERIT = "inherit"  # the caller's own stream (our fd 1 or 2), passed as is
 # A target: one of the names above, a file path, or an open fd / file
 # object (passed to the command as is, not closed by us).
 Target: TypeAlias = "str | os.PathLike[str] | int | HasFileno"
-Command: TypeAlias = "str | Sequence[str | os.PathLike[str]]"
+Command: TypeAlias = "str | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]]"
 
 
 def check_budget(name: str, value: float | None, *, optional: bool = False) -> None:
@@ -62,33 +63,94 @@ def check_max_output(max_output: object) -> None:
         raise ValueError(msg)
 
 
+def normalize_command(command: object) -> str | list[str]:
+    """A command as a shell line (str) or an argv list of str: a path-like
+    alone is one program, bytes and path-like arguments are decoded as the
+    OS would (os.fsdecode), any other iterable is read once. Anything else
+    is refused with a TypeError that says what a command may be."""
+    if isinstance(command, str):
+        return command
+    if isinstance(command, os.PathLike):
+        return [os.fsdecode(command)]
+    if isinstance(command, (bytes, bytearray, memoryview)):
+        msg = (
+            "command must be a str (a shell line, run by /bin/sh -c) or a sequence of arguments, "
+            f"not {type(command).__name__}: decode it, or pass [program, *args]"
+        )
+        raise TypeError(msg)
+    try:
+        items = list(command)  # type: ignore[call-overload]
+    except TypeError:
+        msg = (
+            "command must be a str (a shell line, run by /bin/sh -c) or a sequence of arguments, "
+            f"not {type(command).__name__}"
+        )
+        raise TypeError(msg) from None
+    argv: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, bytes, os.PathLike)):
+            msg = f"each argument must be str, bytes or os.PathLike, not {type(item).__name__}: {item!r}"
+            raise TypeError(msg)
+        argv.append(os.fsdecode(item))
+    return argv
+
+
+def exec_path(env: Mapping[str, str] | None) -> str:
+    """The PATH a program name is looked up on: `env`'s (a str or a bytes
+    key, as subprocess reads it), ours when env is None, else os.defpath."""
+    return os.pathsep.join(os.get_exec_path(env))
+
+
 def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
     """The argv to execute; a missing or non-executable program raises the
-    OSError subclass the OS would give, before anything is spawned."""
+    OSError subclass the OS would give (as subprocess does), before anything
+    is spawned; an argument with a NUL raises ValueError."""
     if isinstance(command, str):
+        if "\0" in command:
+            raise ValueError("embedded null byte")
         return ["/bin/sh", "-c", command]
-    argv = [os.fspath(a) for a in command]
+    argv = normalize_command(command)
+    assert isinstance(argv, list)
     if not argv:
         msg = "the command is empty"
         raise ValueError(msg)
+    if any("\0" in arg for arg in argv):
+        raise ValueError("embedded null byte")
     exe = argv[0]
+    if not exe:
+        raise FileNotFoundError(errno.ENOENT, "executable not found", exe)
     if os.sep not in exe:
         found = shutil.which(exe, path=path)
         if found is None:
-            msg = f"executable not found on PATH: {exe!r}"
-            raise FileNotFoundError(2, msg, exe)
-        argv[0] = found
+            _not_on_path(exe, path)
+        else:
+            argv[0] = found
     else:
         full = exe if cwd is None or os.path.isabs(exe) else os.path.join(os.fspath(cwd), exe)
         try:
             mode = os.stat(full).st_mode
-        except (OSError, ValueError):  # as os.path.exists: missing, unreachable, or a bad name
-            msg = f"executable not found: {exe!r}"
-            raise FileNotFoundError(2, msg, exe) from None
+        except OSError as exc:  # missing, a file as a directory, a loop, a name too long: the OS's error
+            raise OSError(exc.errno, _why("executable", exc), exe) from None
         if stat.S_ISDIR(mode) or not os.access(full, os.X_OK):
-            msg = f"not an executable file: {exe!r}"
-            raise PermissionError(13, msg, exe)
+            raise PermissionError(errno.EACCES, "not an executable file", exe)
     return argv
+
+
+def _why(what: str, exc: OSError) -> str:
+    if exc.errno == errno.ENOENT:
+        return f"{what} not found" if what == "executable" else f"{what} does not exist"
+    return f"{what} is unusable ({exc.strerror})"
+
+
+def _not_on_path(exe: str, path: str | None) -> NoReturn:
+    """Raise what exec would for a name not found on PATH: PermissionError if
+    a file of that name is there but cannot be run (as execvp reports
+    EACCES), FileNotFoundError otherwise."""
+    for folder in (path or "").split(os.pathsep):
+        candidate = os.path.join(folder or ".", exe)
+        if os.path.exists(candidate) and not os.path.isdir(candidate):
+            raise PermissionError(errno.EACCES, "on PATH but not executable", candidate)
+    raise FileNotFoundError(errno.ENOENT, "executable not found on PATH", exe)
 
 
 # Our own environment, encoded, as last seen: (a copy of os.environ's
@@ -121,20 +183,29 @@ def child_environment(env: Mapping[str, str] | None, key: str, value: str) -> li
     return [*entries, extra + os.fsencode(value)]
 
 
-def given_name(command: Command, argv: Sequence[str]) -> str:
+def given_name(command: str | list[str], argv: Sequence[str]) -> str:
     """The command's argv[0] as the caller gave it (resolve_argv puts the
     program's path in its place)."""
     if isinstance(command, str):
         return argv[0]
-    return os.fspath(next(iter(command)))
+    return command[0]
 
 
-def check_cwd(cwd: str | os.PathLike[str] | None) -> None:
-    if cwd is not None and not os.path.isdir(cwd):
-        where = os.fspath(cwd)
-        if not os.path.exists(cwd):
-            raise FileNotFoundError(2, f"cwd does not exist: {where!r}", where)
-        raise NotADirectoryError(20, f"cwd is not a directory: {where!r}", where)
+def check_cwd(cwd: str | os.PathLike[str] | bytes | None) -> str | None:
+    """The cwd as a str, once it is known to be a directory: the OS's error
+    otherwise (a NUL in it is a ValueError, as in subprocess)."""
+    if cwd is None:
+        return None
+    where = os.fsdecode(cwd)
+    if "\0" in where:
+        raise ValueError("embedded null byte")
+    try:
+        mode = os.stat(where).st_mode
+    except OSError as exc:
+        raise OSError(exc.errno, _why("cwd", exc), where) from None
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, "cwd is not a directory", where)
+    return where
 
 
 @dataclass(slots=True)
@@ -174,8 +245,9 @@ def spawn(
         raise ValueError(msg)
     census = Census(escapees, Census.inherited(os.environ, env))
     child_env = child_environment(env, COOKIE_VAR, census.value)
-    argv = resolve_argv(command, cwd, (os.environ if env is None else env).get("PATH", os.defpath))
-    check_cwd(cwd)
+    command = normalize_command(command)
+    cwd = check_cwd(cwd)
+    argv = resolve_argv(command, cwd, exec_path(env))
     own_domain = make_domain(domain)
     if subreaper:
         from ._subreaper import enable_subreaper
@@ -317,8 +389,16 @@ def _output_fd(
         return w
     if target == INHERIT:
         fd = 1 if name == "stdout" else 2
-        os.fstat(fd)  # a closed stream raises EBADF before anything is started
-        targets[name] = "inherited"
+        try:
+            ours = os.get_inheritable(fd)  # close-on-exec: not a stdout of ours (trio's epoll, a socket)
+        except OSError:
+            ours = False  # closed
+        if ours:
+            targets[name] = "inherited"
+            return fd
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        child_fds.append(fd)
+        targets[name] = f"devnull (our fd {1 if name == 'stdout' else 2} is closed or close-on-exec)"
         return fd
     if not isinstance(target, (str, os.PathLike)):
         fd = _given_fd(name, target)
