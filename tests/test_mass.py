@@ -281,6 +281,65 @@ def test_turns_go_on_while_the_run_ends() -> None:
     assert outcomes == [False] * (3 * _mass.PACE_CHUNK)
 
 
+async def test_wake_soon_wakes_at_once_for_up_to_a_chunk_of_stops() -> None:
+    """With up to WAKE_CHUNK stops under way or asked for (a burst among
+    them), a stop's wakeup is called at once."""
+    for _ in range(_mass.WAKE_CHUNK):
+        _mass.requested()
+    assert _mass.in_burst()
+    woken: list[int] = []
+    _mass.wake_soon(lambda: woken.append(1))
+    assert woken == [1]
+
+
+async def test_in_a_burst_wakeups_go_pace_chunk_per_batch_and_all_of_them() -> None:
+    """Beyond WAKE_CHUNK stops, wakeups are put off to the pump: none in the asking batch,
+    at most WAKE_CHUNK per batch after it, in the order asked, every one."""
+    import trio
+
+    batches = [0]
+
+    class Batches(trio.abc.Instrument):
+        def after_io_wait(self, timeout: float) -> None:
+            batches[0] += 1
+
+    for _ in range(_mass.WAKE_CHUNK + 1):
+        _mass.requested()
+    n = 2 * _mass.WAKE_CHUNK + 3
+    woken: list[tuple[int, int]] = []
+    trio.lowlevel.add_instrument(Batches())
+    asked_in = batches[0]
+    for who in range(n):
+        _mass.wake_soon(lambda who=who: woken.append((who, batches[0])))
+    assert woken == []
+    with trio.fail_after(10):
+        while len(woken) < n:
+            await trio.sleep(0)
+    assert [who for who, _ in woken] == list(range(n))
+    per_batch: dict[int, int] = {}
+    for _, batch in woken:
+        per_batch[batch] = per_batch.get(batch, 0) + 1
+    assert asked_in not in per_batch
+    assert max(per_batch.values()) <= _mass.WAKE_CHUNK
+
+
+def test_wakeups_put_off_are_all_made_when_the_run_ends() -> None:
+    """Wakeups still queued when the run ends are made by the pump on its
+    way out: no stop is left unwoken."""
+    import trio
+
+    for _ in range(_mass.WAKE_CHUNK + 1):
+        _mass.requested()
+    woken: list[int] = []
+
+    async def main() -> None:
+        for who in range(3 * _mass.WAKE_CHUNK):
+            _mass.wake_soon(lambda who=who: woken.append(who))
+
+    trio.run(main)
+    assert sorted(woken) == list(range(3 * _mass.WAKE_CHUNK))
+
+
 class _Command:
     """Stands for a live command's teardown (born() keeps a weak reference)."""
 

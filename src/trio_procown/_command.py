@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, final
 import trio
 from trio_util import AsyncValue
 
+from . import _mass
 from ._census import EscapeePolicy
 from ._choice import DomainName, bind_domain
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
@@ -341,7 +342,7 @@ class OwnedCommand:
         if self._teardown.requested is None and self.phase.value == "running":
             # The teardown's bound counts from now, however late its task runs.
             self._teardown.ask(trio.current_time())
-        self._life_scope.cancel()
+        _mass.wake_soon(self._life_scope.cancel)
 
     def stop_reading(self, name: Literal["stdout", "stderr"]) -> None:
         """Stop reading a captured stream now, because its consumer went

@@ -52,7 +52,14 @@
 # teardown takes its turn (pace()) before such a step: the turns are handed
 # out PACE_CHUNK per batch of the loop by one system task of the run, in the
 # order they were asked for. A turn is waited for inside the teardown's
-# bound (its deadline, counted from the stop request, still holds).
+# bound (its deadline, counted from the stop request, still holds). Beyond
+# WAKE_CHUNK stops, a stop request's own wakeup of its teardown (a cancel
+# of a scope, ~15 us) is put off to the same pump (wake_soon), WAKE_CHUNK
+# per batch: in the cancel's batch, 2,000 of them were 30 ms of it. Smaller
+# chunks, and turns for the woken teardowns and the drains, cut the stall
+# further but started the teardowns so spread out that their census
+# missed the shared scan, and up to a fifth of them forced after their
+# grace (docs/chaos.md, "Turns", has the figures).
 #
 # A crowd. A program with hundreds of live commands holds their objects
 # (~29 KiB each: receipts' steps, drains, scopes) in the oldest generation,
@@ -76,12 +83,14 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 
 import trio
 
@@ -89,6 +98,9 @@ import trio
 INLINE_MAX = 8
 # In a burst, how many teardowns pace() lets go on per batch of the loop.
 PACE_CHUNK = 32
+# Beyond this many stops under way or asked for, their wakeups go this many
+# per batch of the loop (wake_soon).
+WAKE_CHUNK = 96
 # The longest a burst keeps the old heap frozen (seconds): a few times the
 # default teardown bound (grace 2 + kill_wait 1 + drain_wait 0.5 s).
 FREEZE_MAX = 10.0
@@ -259,11 +271,13 @@ def _release() -> None:
 
 
 class _Turns:
-    """The turns of one trio run: a queue, and the system task that lets
-    PACE_CHUNK of it go on per batch of the loop while anyone waits."""
+    """The turns of one trio run: a queue, the wakeups put off (wake_soon),
+    and the system task that, per batch of the loop, makes WAKE_CHUNK of
+    the wakeups and lets PACE_CHUNK of the queue go on, while there are any."""
 
     def __init__(self) -> None:
         self.queue = trio.lowlevel.ParkingLot()
+        self.wakes: collections.deque[Callable[[], object]] = collections.deque()
         self.pumping = False
 
     async def pump(self) -> None:
@@ -273,23 +287,23 @@ class _Turns:
         # each waiter's own deadline bounds that.
         try:
             with trio.CancelScope(shield=True):
-                while self.queue:
+                while self.queue or self.wakes:
+                    for _ in range(min(WAKE_CHUNK, len(self.wakes))):
+                        self.wakes.popleft()()
                     self.queue.unpark(count=PACE_CHUNK)
                     await trio.lowlevel.checkpoint()
         finally:
             self.pumping = False
+            while self.wakes:
+                self.wakes.popleft()()
             self.queue.unpark_all()
 
 
 _TURNS: trio.lowlevel.RunVar[_Turns] = trio.lowlevel.RunVar("trio_procown_turns")
 
 
-async def pace() -> None:
-    """In a burst (more than INLINE_MAX teardowns under way), wait for this
-    teardown's turn (see above); otherwise return at once, without a
-    checkpoint."""
-    if _active <= INLINE_MAX:
-        return
+def _turns() -> _Turns | None:
+    """This run's turns, their pump running; None if the run is ending."""
     try:
         turns = _TURNS.get()
     except LookupError:
@@ -299,9 +313,35 @@ async def pace() -> None:
         try:
             trio.lowlevel.spawn_system_task(turns.pump, name="trio_procown teardown turns")
         except RuntimeError:
-            return  # the run is ending: nobody to hand out turns, go on
+            return None
         turns.pumping = True
+    return turns
+
+
+async def pace() -> None:
+    """In a burst (more than INLINE_MAX teardowns under way), wait for this
+    teardown's turn (see above); otherwise return at once, without a
+    checkpoint."""
+    if _active <= INLINE_MAX:
+        return
+    turns = _turns()
+    if turns is None:
+        return  # the run is ending: nobody to hand out turns, go on
     await turns.queue.park()
+
+
+def wake_soon(wake: Callable[[], object]) -> None:
+    """Call `wake` (a stop's wakeup of its teardown's task) now or, with
+    more than WAKE_CHUNK stops under way or asked for, from the pump,
+    WAKE_CHUNK per batch of the loop: a mass cancel reaches every block in
+    one batch, and waking each teardown there (a cancel of its scope,
+    ~15 us) added 2,000 of them to that batch. A few commands stopped
+    together behave as before (each wakes in the stop's own batch)."""
+    turns = _turns() if _active + _asked > WAKE_CHUNK else None
+    if turns is None:
+        wake()
+    else:
+        turns.wakes.append(wake)
 
 
 def after_fork() -> None:
