@@ -712,3 +712,33 @@ def test_interrupted():
     result.stdout.no_fnmatch_line("*the test session (outside any test) left*")
     assert str(pid) in result.stdout.str()
     assert recorded.alive() == []
+
+
+def test_window_cgroups_of_a_killed_run_are_removed_by_the_next(
+    pytester: pytest.Pytester, cgroup_reason: str | None
+) -> None:
+    """A run killed before its end (SIGTERM: no hook runs) leaves its
+    window cgroups behind, empty; the next run started from the same cgroup
+    removes them. Those of a run still going are left alone."""
+    if cgroup_reason is not None:
+        pytest.skip(cgroup_reason)
+    from trio_procown import _cgroup
+
+    here = _cgroup.cgroup_of("self")
+    assert here is not None
+    # The pid of a process that ran and was reaped: no longer running.
+    dead_pid = int(subprocess.run(["sh", "-c", "echo $$"], capture_output=True, check=True).stdout)
+    stale = os.path.join(here, f"procown-session-{dead_pid}-0123456789abcdef")
+    os.mkdir(stale)
+    os.mkdir(os.path.join(stale, f"procown-test-{dead_pid}-fedcba9876543210"))
+    alive_one = os.path.join(here, f"procown-session-{os.getpid()}-00112233445566ff")
+    os.mkdir(alive_one)
+    try:
+        pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+        result = pytester.runpytest_subprocess("--procown-leaks=fail")
+        result.assert_outcomes(passed=1)
+        assert not os.path.exists(stale)
+        assert os.path.isdir(alive_one)
+    finally:
+        for path in (alive_one, stale):
+            _cgroup.remove_tree(path)

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import select
 import signal
@@ -489,7 +490,42 @@ def _probe_cgroup() -> tuple[str | None, str]:
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(probe)
+    _sweep_stale_windows(here)
     return here, f"a cgroup v2 per window under {here}"
+
+
+# A window's cgroup: procown-<kind>-<pid>-<token> (Watch.open), or the probe's.
+_WINDOW_NAME = re.compile(r"procown-(?:[a-z]+|pytest-probe)-(\d+)-[0-9a-f]+")
+
+
+def _sweep_stale_windows(here: str) -> None:
+    """Remove the window cgroups that a run killed before its end (SIGTERM,
+    SIGKILL: no teardown hook ran) left under `here`, where the next run
+    starts: those of a process no longer running, and only while empty
+    (rmdir refuses a populated one: what a killed run leaked is left as it
+    is, with its cgroup). Never raises."""
+    try:
+        names = os.listdir(here)
+    except OSError:
+        return
+    for name in names:
+        match = _WINDOW_NAME.fullmatch(name)
+        if match is None or _running(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            _cgroup.remove_tree(os.path.join(here, name))
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's, but running
+    return True
 
 
 def _populated(path: str) -> bool:
