@@ -97,8 +97,15 @@ def normalize_command(command: object) -> str | list[str]:
 
 def exec_path(env: Mapping[str, str] | None) -> str:
     """The PATH a program name is looked up on: `env`'s (a str or a bytes
-    key, as subprocess reads it), ours when env is None, else os.defpath."""
-    return os.pathsep.join(os.get_exec_path(env))
+    key, as subprocess reads it), ours when env is None, else os.defpath.
+    (Read directly: os.get_exec_path costs a warnings context per call, a
+    tenth of a spawn's Python work.)"""
+    if env is None:
+        return os.environ.get("PATH", os.defpath)
+    path = env.get("PATH")
+    if path is None:
+        path = env.get(b"PATH")  # type: ignore[call-overload]
+    return os.defpath if path is None else os.fsdecode(path)
 
 
 def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
