@@ -9,13 +9,15 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 import trio_procown
-from conftest import py
+from conftest import MARKER, py
 from helpers import alive, domains, pids_in
+from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
 
@@ -467,3 +469,64 @@ async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
         await trio_procown.run_owned(b"echo hi")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="not int"):
         await trio_procown.run_owned(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("domain", domains())
+async def test_a_mass_cancel_beyond_a_wake_chunk_ends_every_command_within_its_bound(
+    domain: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More commands than _mass.WAKE_CHUNK cancelled together by one scope
+    (their teardowns are woken by the turns' pump, not in the cancel's own
+    batch): every block returns within its teardown bound, every receipt says
+    cancelled, and each domain was proved empty."""
+    from trio_procown import _mass
+
+    put_off: list[bool] = []
+    real_wake_soon = _mass.wake_soon
+
+    def counting_wake_soon(wake: Any) -> None:
+        put_off.append(_mass.under_way() + _mass._asked > _mass.WAKE_CHUNK)
+        real_wake_soon(wake)
+
+    monkeypatch.setattr(_mass, "wake_soon", counting_wake_soon)
+    count = _mass.WAKE_CHUNK + 24
+    runs: list[trio_procown.OwnedCommand] = []
+    ends: list[float] = []
+    ready = 0
+    all_ready = trio.Event()
+
+    async def one() -> None:
+        nonlocal ready
+        try:
+            async with trio_procown.open_owned_command(
+                ["sh", "-c", "sleep 30 & echo ready; wait", MARKER],
+                domain=domain,  # type: ignore[arg-type]
+                grace=1.0,
+                kill_wait=0.5,
+                drain_wait=0.5,
+                stderr="devnull",
+            ) as run:
+                runs.append(run)
+                async for _ in run.lines():
+                    break
+                ready += 1
+                if ready == count:
+                    all_ready.set()
+                await trio.sleep_forever()
+        finally:
+            ends.append(trio.current_time())
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(one)
+            await all_ready.wait()
+            cancelled_at = trio.current_time()
+            nursery.cancel_scope.cancel()
+    assert len(ends) == count
+    bound = runs[0].teardown_bound
+    assert max(ends) - cancelled_at <= bound + TEARDOWN_ALLOWANCE  # the documented scheduling noise
+    receipts = [run.receipt for run in runs]
+    assert all(r is not None and r.cause == "cancelled" for r in receipts)
+    assert all(r is not None and r.domain_empty for r in receipts)
+    assert put_off.count(True) >= 20  # the pump woke those
