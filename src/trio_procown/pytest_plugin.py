@@ -303,8 +303,8 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     # stops its workers there), before the terminal summary.
     result = yield
     state = session.config.stash.get(_STATE, None)
-    if state is None:
-        return result
+    if state is None or (state.session is None and state.current is None):
+        return result  # (the plugin off: nothing imported)
     from ._leaks import format_leaks, is_running
 
     lines: list[str] = []
