@@ -47,7 +47,7 @@ import trio
 
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
 from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
-from ._spawn import normalize_command
+from ._spawn import inheritable, normalize_command
 
 # Popen keywords that would give up ownership of the tree, and why. Each is
 # accepted at its Popen default (what code spelling out the defaults passes),
@@ -286,14 +286,6 @@ def _output_target(name: str, value: Any, capture: bool) -> Target:
 _ABSENT: Any = object()
 
 
-def _inheritable(fd: int) -> bool:
-    """Whether `fd` is open and inheritable (not close-on-exec)."""
-    try:
-        return os.get_inheritable(fd)
-    except OSError:
-        return False
-
-
 async def run_process(
     command: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
     *,
@@ -371,7 +363,7 @@ async def run_process(
         # The caller's stdin, as trio; if our fd 0 is closed (or is not a
         # stdin at all but a close-on-exec fd of ours, such as trio's epoll
         # in a daemon that closed 0), the command reads /dev/null instead.
-        source = 0 if _inheritable(0) else None
+        source = 0 if inheritable(0) else None
     elif stdin is subprocess.PIPE or stdin == subprocess.PIPE:
         stdin_read, stdin_write = os.pipe()
         os.set_inheritable(stdin_read, False)

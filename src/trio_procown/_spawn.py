@@ -95,6 +95,15 @@ def normalize_command(command: object) -> str | list[str]:
     return argv
 
 
+def inheritable(fd: int) -> bool:
+    """Whether `fd` is open and inheritable (not close-on-exec): a stdio
+    stream of ours to pass on, not a closed number some fd of ours took."""
+    try:
+        return os.get_inheritable(fd)
+    except OSError:
+        return False
+
+
 def exec_path(env: Mapping[str, str] | None) -> str:
     """The PATH a program name is looked up on: `env`'s (a str or a bytes
     key, as subprocess reads it), ours when env is None, else os.defpath.
@@ -108,7 +117,7 @@ def exec_path(env: Mapping[str, str] | None) -> str:
     return os.defpath if path is None else os.fsdecode(path)
 
 
-def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
+def resolve_argv(command: str | list[str], cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
     """The argv to execute; a missing or non-executable program raises the
     OSError subclass the OS would give (as subprocess does), before anything
     is spawned; an argument with a NUL raises ValueError."""
@@ -116,8 +125,7 @@ def resolve_argv(command: Command, cwd: str | os.PathLike[str] | None, path: str
         if "\0" in command:
             raise ValueError("embedded null byte")
         return ["/bin/sh", "-c", command]
-    argv = normalize_command(command)
-    assert isinstance(argv, list)
+    argv = list(command)  # (normalized by the caller: our copy, argv[0] is replaced below)
     if not argv:
         msg = "the command is empty"
         raise ValueError(msg)
@@ -396,11 +404,7 @@ def _output_fd(
         return w
     if target == INHERIT:
         fd = 1 if name == "stdout" else 2
-        try:
-            ours = os.get_inheritable(fd)  # close-on-exec: not a stdout of ours (trio's epoll, a socket)
-        except OSError:
-            ours = False  # closed
-        if ours:
+        if inheritable(fd):  # close-on-exec: not a stdout of ours (trio's epoll, a socket)
             targets[name] = "inherited"
             return fd
         fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
