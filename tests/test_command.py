@@ -448,6 +448,35 @@ async def test_spawn_errors_are_the_oses_own(tmp_path: Path) -> None:
         await trio_procown.run_owned(["plain"], env={"PATH": str(tmp_path / "bin")})
 
 
+def test_a_bare_name_is_found_as_execvp_finds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup on PATH skips a folder of that name, a file we may not
+    execute and a missing folder, takes the first program, and reads an
+    empty entry as the current folder: shutil.which's answers."""
+    from trio_procown._spawn import on_path
+
+    (tmp_path / "a" / "prog").mkdir(parents=True)  # a folder called prog
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "prog").write_text("#!/bin/sh\n")  # not executable
+    for name in ("c", "d"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "prog").write_text("#!/bin/sh\n")
+        (tmp_path / name / "prog").chmod(0o755)
+    path = os.pathsep.join(str(tmp_path / n) for n in ("missing", "a", "b", "c", "d"))
+    found = on_path("prog", path)
+    assert found is not None
+    assert os.path.samefile(found, tmp_path / "c" / "prog")
+    assert shutil.which("prog", path=path) == str(tmp_path / "c" / "prog")
+    assert on_path("nothing", path) is None
+    monkeypatch.chdir(tmp_path / "d")
+    empty = on_path("prog", os.pathsep + str(tmp_path / "c"))
+    assert empty is not None
+    assert os.path.samefile(empty, tmp_path / "d" / "prog")
+    assert on_path("prog", "") is not None  # PATH set but empty: the current folder, as execvp
+    monkeypatch.chdir(tmp_path)
+    assert on_path("prog", "", cwd=tmp_path / "d") == "./prog"  # counted from where the command runs
+    assert on_path("prog", "", cwd=tmp_path / "b") is None
+
+
 async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
     """A path-like alone is one program; bytes and path-like arguments are
     decoded; any iterable is read once; a bytes cwd and a bytes-keyed PATH
