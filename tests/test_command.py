@@ -442,9 +442,12 @@ async def test_spawn_errors_are_the_oses_own(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as missing:
         await trio_procown.run_owned(["no-such-command-procown-test"])
     assert str(missing.value).count("no-such-command-procown-test") == 1
+    # The OS's words first (what subprocess says, and code written for it matches), then which input:
+    assert missing.value.strerror == "No such file or directory (executable not found on PATH)"
+    assert bad_cwd.value.strerror == "No such file or directory (cwd does not exist)"
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "plain").write_text("not a program\n")
-    with pytest.raises(PermissionError):  # found on PATH but not executable: EACCES, as execvp
+    with pytest.raises(PermissionError, match=r"^\[Errno 13\] Permission denied"):  # EACCES, as execvp
         await trio_procown.run_owned(["plain"], env={"PATH": str(tmp_path / "bin")})
 
 

@@ -366,6 +366,34 @@ async def test_deliver_cancel_is_gentler_but_never_leaves_the_tree() -> None:
         kill_and_wait(grandchild)
 
 
+@pytest.mark.parametrize(
+    ("given", "budget"), [({}, "budget 5s (grace)"), ({"grace": 0.5}, "budget 0.5s (grace)")]
+)
+async def test_the_cancel_window_is_trios_five_seconds(given: dict[str, float], budget: str) -> None:
+    """trio waits 5 s between SIGTERM and SIGKILL on cancel; the drop-in's
+    teardown gives the same grace unless told otherwise (run_owned's is 2 s)."""
+    with trio.move_on_after(0.2):
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(partial(run_process, SLEEP(30), check=False, **given))
+    receipt = proc.run.receipt
+    assert receipt is not None
+    assert receipt.cause == "cancelled"
+    assert [step.detail for step in receipt.steps if "(grace)" in step.detail] == [budget]
+
+
+async def test_a_piped_stdin_stays_the_callers_after_the_command_exits() -> None:
+    """As in trio, run_process does not close proc.stdin under the caller:
+    a write after the command exited raises BrokenResourceError (EPIPE), the
+    error trio code catches, not ClosedResourceError; the caller closes it."""
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(partial(run_process, EXIT_TRUE, stdin=subprocess.PIPE, check=False))
+        assert await proc.wait() == 0
+    assert proc.stdin is not None
+    with pytest.raises(trio.BrokenResourceError):
+        await proc.stdin.send_all(b"after the end")
+    await proc.stdin.aclose()
+
+
 async def test_completed_process_carries_the_receipt_without_changing_equality_or_repr() -> None:
     """.receipt is an attribute: repr and fields are subprocess's own."""
     done = await run_process(EXIT_TRUE)

@@ -46,7 +46,7 @@ from typing import Any, Literal, final
 import trio
 
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
-from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
+from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
 from ._spawn import inheritable, normalize_command
 
 # Popen keywords that would give up ownership of the tree, and why. Each is
@@ -81,6 +81,9 @@ _POPEN_DEFAULTS: dict[str, object] = {
 }
 _TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
 # Options of trio_procown itself, accepted beside trio's.
+# trio's own cancel gives the process 5 s between SIGTERM and SIGKILL; the
+# drop-in gives the command (and now its tree) the same, unless told otherwise.
+TRIO_CANCEL_GRACE = 5.0
 _OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal")
 
 
@@ -304,9 +307,11 @@ async def run_process(
     ``.receipt``. Under ``nursery.start`` it hands back an `OwnedProcess`.
     Besides trio's options it takes ``grace``, ``kill_wait``, ``drain_wait``,
     ``domain``, ``escapees``, ``max_output`` and ``first_signal`` (see
-    `open_owned_command`). `deliver_cancel`, if given, is called on
+    `open_owned_command`); ``grace`` is 5 s by default, trio's own window
+    between SIGTERM and SIGKILL. `deliver_cancel`, if given, is called on
     cancellation as in trio, bounded by ``grace + kill_wait``; the owned
-    teardown runs after it.
+    teardown runs after it. Under ``nursery.start`` with
+    ``stdin=subprocess.PIPE``, ``proc.stdin`` is the caller's to close.
 
     Synopsis::
 
@@ -373,7 +378,7 @@ async def run_process(
     else:
         source = stdin
 
-    grace = owned.pop("grace", DEFAULT_GRACE)
+    grace = owned.pop("grace", TRIO_CANCEL_GRACE)
     kill_wait = owned.pop("kill_wait", DEFAULT_KILL_WAIT)
     try:
         async with open_owned_command(
@@ -399,17 +404,23 @@ async def run_process(
                 _ChunkReceiveStream(run, "stdout") if piped["stdout"] else None,
                 _ChunkReceiveStream(run, "stderr") if piped["stderr"] else None,
             )
-            task_status.started(handle)
+            try:
+                task_status.started(handle)
+            except BaseException:
+                if send is not None:  # never handed over: ours to close
+                    with trio.CancelScope(shield=True):
+                        await send.aclose()
+                raise
+            # From here proc.stdin is the caller's, as in trio: it is not
+            # closed under them (a write after the command ended raises
+            # BrokenResourceError, not ClosedResourceError); they close it,
+            # or its fd is closed when the stream is collected.
             try:
                 await run.wait()
             except BaseException:
                 if deliver_cancel is not None and run.poll() is None:
                     await _deliver(run, handle, deliver_cancel, grace + kill_wait)
                 raise
-            finally:
-                if send is not None:
-                    with trio.CancelScope(shield=True):
-                        await send.aclose()
     finally:
         for fd in (stdin_read, stdin_write):
             if fd is not None:

@@ -132,7 +132,7 @@ def resolve_argv(command: str | list[str], cwd: str | os.PathLike[str] | None, p
         raise ValueError("embedded null byte")
     exe = argv[0]
     if not exe:
-        raise FileNotFoundError(errno.ENOENT, "executable not found", exe)
+        raise FileNotFoundError(errno.ENOENT, _said(errno.ENOENT, "executable not found"), exe)
     if os.sep not in exe:
         found = on_path(exe, path, cwd)
         if found is None:
@@ -146,7 +146,7 @@ def resolve_argv(command: str | list[str], cwd: str | os.PathLike[str] | None, p
         except OSError as exc:  # missing, a file as a directory, a loop, a name too long: the OS's error
             raise OSError(exc.errno, _why("executable", exc), exe) from None
         if stat.S_ISDIR(mode) or not os.access(full, os.X_OK):
-            raise PermissionError(errno.EACCES, "not an executable file", exe)
+            raise PermissionError(errno.EACCES, _said(errno.EACCES, "not an executable file"), exe)
     return argv
 
 
@@ -172,9 +172,16 @@ def on_path(name: str, path: str | None, cwd: str | os.PathLike[str] | None = No
 
 
 def _why(what: str, exc: OSError) -> str:
-    if exc.errno == errno.ENOENT:
-        return f"{what} not found" if what == "executable" else f"{what} does not exist"
-    return f"{what} is unusable ({exc.strerror})"
+    code = exc.errno or 0
+    if code == errno.ENOENT:
+        return _said(code, f"{what} not found" if what == "executable" else f"{what} does not exist")
+    return _said(code, f"{what} is unusable")
+
+
+def _said(code: int, why: str) -> str:
+    """The OS's own words for `code` (what subprocess says, and what code
+    written for it may match), then which input it was about."""
+    return f"{os.strerror(code)} ({why})"
 
 
 def _not_on_path(exe: str, path: str | None, cwd: str | os.PathLike[str] | None) -> NoReturn:
@@ -184,8 +191,8 @@ def _not_on_path(exe: str, path: str | None, cwd: str | os.PathLike[str] | None)
     for folder in (path or "").split(os.pathsep):
         candidate = os.path.join(os.fspath(cwd or "."), folder or ".", exe)
         if os.path.exists(candidate) and not os.path.isdir(candidate):
-            raise PermissionError(errno.EACCES, "on PATH but not executable", candidate)
-    raise FileNotFoundError(errno.ENOENT, "executable not found on PATH", exe)
+            raise PermissionError(errno.EACCES, _said(errno.EACCES, "on PATH but not executable"), candidate)
+    raise FileNotFoundError(errno.ENOENT, _said(errno.ENOENT, "executable not found on PATH"), exe)
 
 
 # Our own environment, encoded, as last seen: (a copy of os.environ's
@@ -239,7 +246,7 @@ def check_cwd(cwd: str | os.PathLike[str] | bytes | None) -> str | None:
     except OSError as exc:
         raise OSError(exc.errno, _why("cwd", exc), where) from None
     if not stat.S_ISDIR(mode):
-        raise NotADirectoryError(errno.ENOTDIR, "cwd is not a directory", where)
+        raise NotADirectoryError(errno.ENOTDIR, _said(errno.ENOTDIR, "cwd is not a directory"), where)
     return where
 
 
