@@ -16,7 +16,7 @@ import trio
 
 import trio_procown
 from conftest import MARKER, py
-from helpers import alive, domains, pids_in
+from helpers import alive, domains, kill_and_wait, pids_in
 from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
@@ -562,3 +562,28 @@ async def test_a_mass_cancel_beyond_a_wake_chunk_ends_every_command_within_its_b
     assert all(r is not None and r.cause == "cancelled" for r in receipts)
     assert all(r is not None and r.domain_empty for r in receipts)
     assert put_off.count(True) >= 20  # the pump woke those
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+async def test_signal_domain_reaches_every_member_and_is_noted(domain: str) -> None:
+    """signal_domain sends the signal to the whole tree (the shell and its
+    background child both die of SIGUSR1), notes it as the caller's in the
+    receipt, and sends nothing once the teardown has released the domain."""
+    async with trio_procown.open_owned_command(
+        ["sh", "-c", "sleep 30 & echo pid $!; wait", MARKER],
+        domain=domain,  # type: ignore[arg-type]
+    ) as run:
+        async for line in run.lines():
+            (child,) = pids_in(line.encode() + b"\n")
+            break
+        assert run.signal_domain(signal.SIGUSR1)
+        receipt = await run.wait()
+    try:
+        assert receipt.returncode == -signal.SIGUSR1
+        assert not alive(child)
+        caller = [s for s in receipt.steps if s.detail.endswith(", sent by the caller")]
+        assert [s.signals for s in caller] == [("SIGUSR1", "SIGCONT")]
+        assert receipt.cause == "exited"
+        assert not run.signal_domain(signal.SIGUSR1)  # released: nothing of it may be signalled
+    finally:
+        kill_and_wait(child)

@@ -138,6 +138,7 @@ STATUS_CASES = [
     (["10", "."], 126),
     (["10", "/etc/passwd"], 126),
     (["10", "procown_no_such_command"], 127),
+    (["10", ""], 127),  # execvp("") is ENOENT
     (["10", "/nonexistent/procown"], 127),
 ]
 
@@ -205,7 +206,7 @@ def test_signal_syntax_matches_gnu() -> None:
         "RTMIN", "RTMAX", "RTMIN+1", "rtmin+01", "SIGRTMIN+1", "RTMIN+30", "RTMIN+31", "RTMAX-1",
         "RTMIN-1", "RTMAX+1", "32", "33", "34", "64", "65", "127", "128", "137", "200", "255",
         "256", "265", "384", "4294967305", "+1", " 1", "1 ", "0x9", "SIG", "sig", "", "UNUSED",
-        "TERM ", "-1",
+        "TERM ", "-1", "SIG15", "sig9", "SIG0", "SIG00", "SIG65", "SIG143", "SIG+1", "SIG1 ",
     ]  # fmt: skip
     for spec in specs:
         try:
@@ -366,6 +367,32 @@ def test_signal_to_timeout_is_relayed_as_gnu_does(sig: signal.Signals, trap: boo
     assert ours[0] == theirs[0]
     assert as_gnu(ours[1]) == theirs[1]  # "sending signal INT to command 'sh'"
     assert theirs[1].startswith(b"timeout: sending signal " + sig.name.removeprefix("SIG").encode())
+
+
+@needs_gnu
+@pytest.mark.timeout(120)
+def test_a_second_signal_is_relayed_too(tmp_path: Path) -> None:
+    """GNU relays every signal it receives: a command that ignores TERM still
+    dies of the INT sent after it, during the teardown's grace (-k 10), and
+    timeout with it; procown does the same, not waiting out the grace."""
+    command = ["sh", "-c", 'trap "" TERM; echo ready; sleep 5; exit 3']
+
+    def twice(prefix: Sequence[str], executable: str | None = None) -> tuple[int, bytes]:
+        with started([*prefix, "-v", "-k", "10", "10", *command], tmp_path, executable) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            assert proc.stdout.readline() == b"ready\n"
+            proc.send_signal(signal.SIGTERM)
+            first = proc.stderr.readline()  # "sending signal TERM": relayed, and ignored
+            proc.send_signal(signal.SIGINT)
+            status = proc.wait(timeout=WAIT)
+            return status, first + proc.stderr.read()
+
+    theirs = twice(["timeout"], GNU)
+    ours = twice(OURS)
+    assert theirs[0] == -signal.SIGINT
+    assert ours[0] == theirs[0], ours[1]
+    assert as_gnu(ours[1]) == theirs[1]
 
 
 @needs_gnu

@@ -38,6 +38,7 @@ from trio_util import AsyncValue
 from . import _mass
 from ._census import EscapeePolicy
 from ._choice import DomainName, bind_domain
+from ._domain import BY_THE_CALLER, Sent
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
 from ._errors import HandoffError
 from ._escalation import (
@@ -314,6 +315,30 @@ class OwnedCommand:
                 receipt = await run.wait()
         """
         return self._leader.signal(sig)
+
+    def signal_domain(self, sig: int) -> bool:
+        """Send `sig`, then SIGCONT (so a stopped member sees it), to every
+        process of the domain, as a shell's `kill -SIG -PGID` would, and note
+        it in the receipt's steps; False, with nothing sent, once the
+        teardown has released the domain. It does not start, shorten or
+        replace the teardown (a relay of a second signal during the grace,
+        as GNU timeout relays every signal it receives). A refused signal
+        is noted, not raised.
+
+        Synopsis::
+
+            import signal
+
+            async with trio_procown.open_owned_command(["make", "-j4"]) as run:
+                run.signal_domain(signal.SIGUSR1)
+        """
+        leader = self._spawned.leader
+        if self.phase.value == "done" or leader.reaped:
+            return False
+        sigs = (sig,) if sig in (signal.SIGCONT, signal.SIGKILL) else (sig, signal.SIGCONT)
+        sent = self._spawned.domain.signal_graceful(sigs)
+        self._teardown.signal_step("domain", Sent(sent.detail + BY_THE_CALLER, sent.failed), sigs)
+        return not sent.failed
 
     def begin_stop(self, cause: Cause, how: str) -> None:
         """Record that the caller is stopping the command its own way (`how`,

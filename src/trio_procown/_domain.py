@@ -63,6 +63,11 @@ class Sent:
     failed: str = ""
 
 
+# Ends the detail of a signal step the caller asked for (OwnedCommand.signal_domain),
+# not one of the teardown's stages.
+BY_THE_CALLER = ", sent by the caller"
+
+
 def unchanged(sent: Sent) -> Sent:
     """A second stage that adds nothing (see Domain.graceful_stages)."""
     return sent

@@ -313,9 +313,10 @@ class Teardown:
         msg = f"unexpected action {action!r}"  # pragma: no cover - the machine has no other actions
         raise AssertionError(msg)
 
-    def _signal_step(
+    def signal_step(
         self, target: str, sent: Sent, sigs: tuple[int, ...], note: str = "", at: float | None = None
     ) -> None:
+        """Record a signalling action and what the OS refused."""
         outcome = f"failed: {sent.failed}" if sent.failed else note
         self.step(Action.SIGNAL, target, sent.detail, outcome, _names(sigs), at)
 
@@ -333,12 +334,12 @@ class Teardown:
         on the loop once `act` is done, unless the deadline passed."""
         submitted = trio.current_time()
         if _mass.under_way() <= _mass.INLINE_MAX and not _signaller.pending():
-            self._signal_step("domain", then(act()), sigs)
+            self.signal_step("domain", then(act()), sigs)
             return
         try:
             job = _signaller.submit(act)
         except RuntimeError:  # no thread can be started: send from the loop
-            self._signal_step("domain", then(act()), sigs)
+            self.signal_step("domain", then(act()), sigs)
             return
         try:
             await job.done.wait()
@@ -387,7 +388,7 @@ class Teardown:
         # Stamped when the worker began sending, in trio time (never before
         # the request: the clock may be a test's).
         at = max(submitted, trio.current_time() - (time.perf_counter() - job.started))
-        self._signal_step("domain", then(job.result), sigs, at=at)
+        self.signal_step("domain", then(job.result), sigs, at=at)
 
     def _signalling(self) -> bool:
         """Is a signalling action to the domain still under way (one the
@@ -397,7 +398,7 @@ class Teardown:
     def _force(self, note: str = "") -> None:
         """SIGKILL to the domain, whatever the OS answers."""
         self._fates.before_signal(None, kill=True)
-        self._signal_step("domain", self._domain.force(), _FORCE, note)
+        self.signal_step("domain", self._domain.force(), _FORCE, note)
 
     def _signal_escapees(self, escapees: list[ProcInfo], sigs: tuple[int, ...]) -> None:
         census = self._census

@@ -56,6 +56,7 @@ import trio
 from . import __version__
 from ._cli import EXIT_CANNOT_RUN, EXIT_NOT_FOUND, EXIT_PROCOWN, EXIT_TIMEOUT, SIGNAL_BASE
 from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
+from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._receipt import Action, Receipt
@@ -224,6 +225,11 @@ def _valid(signum: int) -> bool:
 def _str2sig(upper: str) -> int | None:
     if upper in _BY_NAME:
         return _BY_NAME[upper]
+    if upper.isascii() and upper.isdigit():
+        # gnulib's str2sig takes a plain number too, reached through "SIG15"
+        # or "sig0" (the SIG prefix is stripped and the rest asked again);
+        # its range is checked by the caller, as for any number.
+        return int(upper) if len(upper) <= 10 else None
     if _RTMIN is None or _RTMAX is None:
         return None
     for base, low, high, origin in (
@@ -433,14 +439,24 @@ class _Control:
         self.options = options
         self.stopping = False
         self.narrated = False  # the first stage's line was printed live
+        self.relayed: set[int] = set()  # signals already passed on to the domain
 
     def narrate(self, signum: int) -> None:
         if self.options.verbose:
             _say(f"{NAME}: sending signal {signal_name(signum)} to command {quote(self.options.command[0])}")
 
     def _stop(self, run: OwnedCommand, cause: str, signum: int) -> None:
+        if self.stopping and cause == "cancelled" and signum not in self.relayed:
+            # GNU relays every signal it receives, not only the first: a
+            # later, different one (INT after TERM, TERM after the timeout's
+            # signal) goes on to the domain; the teardown and its bound stay.
+            self.relayed.add(signum)
+            if run.signal_domain(signum):
+                self.narrate(signum)
+            return
         if self.stopping or run.phase.value != "running":
             return  # a teardown is running (bounded) or over: nothing to add
+        self.relayed.add(signum)
         self.stopping = True
         self.narrate(signum)
         self.narrated = True
@@ -558,6 +574,8 @@ def exec_error(name: str, environ: Mapping[str, str] | None = None) -> int | Non
     """The errno execvp(3) would fail with for `name` (ENOENT or EACCES),
     found before anything is started; None when it can be executed."""
     env = os.environ if environ is None else environ
+    if not name:
+        return errno.ENOENT  # execvp("") fails with ENOENT, as GNU reports it
     if "/" in name:
         candidates = [name]
     else:
@@ -592,7 +610,11 @@ def _spawn_failure(name: str, exc: OSError) -> Ending:
 def _later_signals(receipt: Receipt, narrated_first: bool) -> list[str]:
     """The signal stages of the teardown not yet told (-v): the KILL stage,
     and the stages of a teardown of what the command left behind."""
-    stages = [s for s in receipt.steps if s.action is Action.SIGNAL and s.target == "domain"]
+    stages = [
+        s
+        for s in receipt.steps
+        if s.action is Action.SIGNAL and s.target == "domain" and not s.detail.endswith(BY_THE_CALLER)
+    ]
     if narrated_first:
         stages = stages[1:]
     return [s.signals[0].removeprefix("SIG") if s.signals else "EXIT" for s in stages]
