@@ -473,6 +473,128 @@ def test_uses_pool(pool):
     assert recorded.alive() == []
 
 
+REGISTRY = """
+@pytest.fixture(scope="session")
+def registry():
+    procs = {}
+    yield procs
+    if STOP_AT_END:
+        for p in procs.values():
+            p.terminate()
+            p.wait()
+
+@pytest.fixture
+def server(registry):  # function-scoped, so it runs inside the first test's window
+    if "srv" not in registry:
+        registry["srv"] = subprocess.Popen(["sleep", "30"])
+        record(registry["srv"].pid)
+    return registry["srv"]
+
+def test_first(server):
+    assert server.poll() is None
+
+def test_second(server):
+    assert server.poll() is None
+"""
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["stopped", "never-stopped"])
+def test_a_process_a_broader_fixture_holds_is_not_a_tests_leak(
+    pytester: pytest.Pytester, recorded: Recorded, stopped: bool
+) -> None:
+    """execnet's pattern: a function fixture starts a process into a session
+    fixture's registry. It is the session's, not the first test's (which
+    must not kill it under the second): spared, then checked at the end."""
+    pytester.makepyfile(test_registry=_source(pytester, f"STOP_AT_END = {stopped}\n" + REGISTRY))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=2)
+    if stopped:
+        assert result.ret == pytest.ExitCode.OK
+        result.stdout.no_fnmatch_line("*left * process(es) running*")
+    else:
+        (pid,) = recorded.pids()
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.stdout.fnmatch_lines(
+            [
+                "the test session (outside any test) left 1 process(es) running:",
+                f"*pid {pid}: sleep 30",
+                "*what: a subprocess.Popen held by session-scoped fixture registry",
+                "*started by: test_registry.py::test_first (during setup)*",
+            ]
+        )
+    assert recorded.alive() == []
+
+
+def test_what_a_held_process_starts_is_the_holders_too(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """execnet's proxy gateway: a process a session fixture holds starts a
+    child inside a test's window. The child is the holder's as well (not
+    the test's leak); the holder's teardown ends both."""
+    body = """
+import sys
+
+GATEWAY = (
+    "import subprocess, sys\\n"
+    "child = subprocess.Popen(['sleep', '30'])\\n"
+    "print(child.pid, flush=True)\\n"
+    "sys.stdin.read()\\n"
+    "child.kill(); child.wait()\\n"
+)
+
+@pytest.fixture(scope="session")
+def group():
+    held = []
+    yield held
+    for p in held:
+        p.stdin.close()
+        p.wait()
+
+def test_first(group):
+    p = subprocess.Popen([sys.executable, "-c", GATEWAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    group.append(p)
+    record(p.pid)
+    record(int(p.stdout.readline()))
+
+def test_second(group):
+    assert group[0].poll() is None
+"""
+    pytester.makepyfile(test_proxy=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    assert len(recorded.pids()) == 2
+    assert recorded.alive() == []
+
+
+def test_a_process_on_its_way_out_is_not_a_leak(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """A process the test killed but did not wait for (SIGKILL pending, not
+    yet a zombie), or told to exit and did not wait for, is not reported:
+    it ends within the window's settle time by itself. One that does not end
+    still is."""
+    body = """
+import sys
+
+@pytest.mark.parametrize("n", range(20))
+def test_killed_not_waited(n):
+    p = subprocess.Popen(["sleep", "30"])
+    record(p.pid)
+    p.kill()
+
+def test_told_to_exit_not_waited():
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    record(p.pid)
+    p.stdin.close()
+
+def test_really_left():
+    p = subprocess.Popen(["sleep", "30"])
+    record(p.pid)
+"""
+    pytester.makepyfile(test_exiting=_source(pytester, body))
+    result = pytester.runpytest("--procown-leaks=fail")
+    result.assert_outcomes(passed=22, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_really_left*"])
+    assert recorded.alive() == []
+
+
 def test_no_leaks_in_a_plain_script() -> None:
     """trio_procown.NoLeaks needs no pytest: a script's leaking block raises ProcessLeakError."""
     script = """

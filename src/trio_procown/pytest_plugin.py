@@ -16,8 +16,10 @@
 # Scopes. Broader fixtures are set up with the test's window suspended: a
 # session-scoped server is not the first test's leak. Their processes may
 # still start inside a test (a process pool forks its workers when work is
-# first submitted), so a test's window spares the workers of pools that a
-# broader fixture holds (its value, or two levels into it) and
+# first submitted; a function fixture may start one into a session
+# fixture's registry), so a test's window spares the workers of pools and
+# the processes of Popen-like handles that a broader fixture holds (its
+# value, or four levels into it), what those start in the window, and
 # multiprocessing's helpers of this process. When the plugin is on for the
 # whole run, a session window (sessionstart to sessionfinish) checks what
 # broader fixtures, collection, hooks and spared pools leave behind, and
