@@ -337,6 +337,15 @@ def test_stdin_keeps_the_callers_file_offset(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, b"def", b"")
 
 
+def test_open_fds_above_2_are_passed_to_the_command(tmp_path: Path) -> None:
+    """As a shell's command (and GNU timeout's) would, the command inherits
+    procown's open descriptors above 2: `3<file` reaches it."""
+    (tmp_path / "in.txt").write_bytes(b"from fd 3\n")
+    script = f"{shlex.join(PROCOWN)} run -- sh -c 'cat <&3' 3< {shlex.quote(str(tmp_path / 'in.txt'))}"
+    done = subprocess.run(["sh", "-c", script], capture_output=True, timeout=WAIT, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"from fd 3\n", b"")
+
+
 def test_closed_stdin_gives_the_command_dev_null() -> None:
     """With procown's fd 0 closed, the command reads /dev/null (end-of-file at once)."""
     script = f'exec 0<&-; exec {shlex.join(PROCOWN)} run -- sh -c "cat; echo status \\$?"'

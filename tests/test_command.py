@@ -587,3 +587,46 @@ async def test_signal_domain_reaches_every_member_and_is_noted(domain: str) -> N
         assert not run.signal_domain(signal.SIGUSR1)  # released: nothing of it may be signalled
     finally:
         kill_and_wait(child)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+async def test_pass_fds_are_inherited_and_nothing_else(domain: str) -> None:
+    """pass_fds: the descriptors named reach the command (readable there), an
+    inheritable one not named does not (as subprocess's close_fds); a closed
+    one is EBADF before anything runs, and a Slurm job refuses them."""
+    from trio_procown._spawn import check_pass_fds
+
+    given_r, given_w = os.pipe()
+    other_r, other_w = os.pipe()
+    try:
+        os.set_inheritable(other_r, True)  # inheritable, yet not named: closed in the command
+        os.write(given_w, b"through the fd\n")
+        os.close(given_w)
+        # (by /proc/self/fd: the shell's redirections take fds 0-9 only)
+        script = f"cat /proc/self/fd/{given_r}; if [ -e /proc/self/fd/{other_r} ]; then echo leaked; fi"
+        done = await trio_procown.run_owned(
+            ["sh", "-c", script, MARKER],
+            domain=domain,
+            pass_fds=[given_r],  # type: ignore[arg-type]
+        )
+        assert (done.returncode, done.stdout) == (0, b"through the fd\n"), done.stderr
+        unused = next(fd for fd in range(900, 1000) if not _is_open(fd))
+        with pytest.raises(OSError, match="Bad file descriptor") as closed:
+            await trio_procown.run_owned(["true"], domain=domain, pass_fds=[unused])  # type: ignore[arg-type]
+        assert closed.value.errno == errno.EBADF
+        with pytest.raises(TypeError, match="pass_fds"):
+            await trio_procown.run_owned(["true"], domain=domain, pass_fds="3")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="Slurm"):
+            check_pass_fds([given_r], "slurm")
+        assert check_pass_fds([0, 1, 2], "slurm") == ()
+    finally:
+        for fd in (given_r, other_r, other_w):
+            os.close(fd)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True

@@ -529,6 +529,20 @@ async def test_popen_defaults_spelled_out_are_accepted() -> None:
         await run_process(EXIT_TRUE, restore_signals=False)
 
 
+async def test_pass_fds_is_honoured() -> None:
+    """pass_fds, as in trio (through Popen): the named descriptor reaches the command."""
+    r, w = os.pipe()
+    try:
+        os.write(w, b"passed")
+        os.close(w)
+        done = await run_process(
+            python(f"sys.stdout.write(open({r}).read())"), pass_fds=(r,), capture_stdout=True
+        )
+        assert done.stdout == b"passed"
+    finally:
+        os.close(r)
+
+
 async def test_the_command_forms_trio_takes(tmp_path: Any) -> None:
     """As trio.run_process (through Popen): a path-like program alone, bytes
     arguments, a bytes cwd."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -530,6 +531,27 @@ def test_stdin_is_the_commands(tmp_path: Path) -> None:
     """procown's stdin is the command's, as under GNU timeout."""
     done = run([*OURS, "10", "cat"], input=b"piped in\n", stdin=None, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, b"piped in\n")
+
+
+@needs_gnu
+def test_open_fds_above_2_are_the_commands_as_under_gnu(tmp_path: Path) -> None:
+    """A `3<file` redirection (or make's jobserver pipe) reaches the command,
+    as GNU timeout's command inherits it; `make -j2` under a `+` rule keeps
+    its jobserver through procown timeout."""
+    (tmp_path / "in.txt").write_bytes(b"from fd 3\n")
+    script = f'{{ "$@" 10 sh -c "cat <&3"; }} 3< {tmp_path / "in.txt"}'
+    for prefix in ([str(GNU)], OURS):
+        done = run(["sh", "-c", script, "sh", *prefix], cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (0, b"from fd 3\n"), (prefix, done.stderr)
+    make = shutil.which("make")
+    if make is not None:
+        (tmp_path / "sub").mkdir()
+        (tmp_path / "sub" / "Makefile").write_text("all: a b\na:\n\t@echo a\nb:\n\t@echo b\n")
+        outer = f"all:\n\t+{shlex.join(OURS)} 60 $(MAKE) -s -C sub\n"
+        (tmp_path / "Makefile").write_text(outer)
+        built = run([make, "-s", "-j2"], cwd=tmp_path)
+        assert built.returncode == 0, built.stderr
+        assert b"jobserver unavailable" not in built.stderr
 
 
 def test_closed_stdin_gives_the_command_dev_null(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ from ._command import OwnedCommand, open_owned_command
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream
 from ._errors import CliError, DomainUnavailable
 from ._receipt import Receipt
+from ._spawn import inherited_fds
 
 EXIT_TIMEOUT = 124  # the --timeout expired
 EXIT_PROCOWN = 125  # procown itself failed
@@ -535,6 +536,9 @@ async def _run_and_forward(
                         domain=options.domain,
                         escapees=options.escapees,
                         max_output=options.max_output,
+                        # Our inheritable fds above 2 go on, as a shell's would
+                        # (a jobserver's pipe); a Slurm job runs elsewhere.
+                        pass_fds=() if options.domain == "slurm" else inherited_fds(),
                     ) as run:
                         for name in ("stdout", "stderr"):
                             chunks = run.stream(name, lossless=True)

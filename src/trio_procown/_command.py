@@ -27,7 +27,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, final
@@ -495,6 +495,7 @@ async def open_owned_command(
     subreaper: bool = False,
     first_signal: int = signal.SIGTERM,
     keeper: bool = True,
+    pass_fds: Sequence[int] = (),
 ) -> AsyncIterator[OwnedCommand]:
     """Run `command` owned by this block: every process it starts is torn
     down, with a bounded teardown, before control leaves the block.
@@ -525,6 +526,9 @@ async def open_owned_command(
     ended even if this process dies before its teardown (default); False, or
     the environment variable ``TRIO_PROCOWN_NO_KEEPER=1``, opts out, and the
     receipt says that no keeper was running.
+    `pass_fds`: open descriptors of ours (above 2) the command inherits, as
+    in subprocess (a make jobserver's pipe); every other one above 2 is
+    closed in the command.
 
     Synopsis::
 
@@ -552,6 +556,7 @@ async def open_owned_command(
         subreaper=subreaper,
         keeper=keeper,
         keeper_grace=grace,
+        pass_fds=pass_fds,
     )
     name = tuple(argv) if not isinstance(command, str) else (command,)
     teardown = Teardown(spawned, machine, name, subreaper)
@@ -621,6 +626,7 @@ class OwnedOptions(TypedDict, total=False):
     subreaper: bool
     first_signal: int
     keeper: bool
+    pass_fds: Sequence[int]
 
 
 async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:

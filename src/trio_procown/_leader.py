@@ -107,14 +107,13 @@ class Leader:
         argv[0]; its environment the KEY=value entries `env`); with
         `cgroup_fd`, inside that cgroup from its first instruction. Both go
         through the spawner (clone3, _placement.spawn_into); without a
-        cgroup, Popen where there is no spawner or clone3 is refused here,
-        and for `pass_fds`. Raises the OSError the OS gave."""
+        cgroup, Popen where there is no spawner or clone3 is refused here.
+        The descriptors `pass_fds` (above 2) are passed on, inheritable, as
+        in subprocess; every other one above 2 is closed. Raises the OSError
+        the OS gave."""
         if _DEFERRED:
             reap_deferred()
         if cgroup_fd is not None:
-            if pass_fds:
-                msg = "pass_fds is not supported when spawning into a cgroup"
-                raise ValueError(msg)
             try:
                 pid, pidfd, start = _placement.spawn_into(
                     argv[0] if executable is None else executable,
@@ -123,6 +122,7 @@ class Leader:
                     cwd,
                     (stdin, stdout, stderr),
                     cgroup_fd,
+                    pass_fds,
                 )
             except CloneRefused as exc:
                 # The probe saw clone3 work here: this is what a fork would
@@ -130,12 +130,11 @@ class Leader:
                 # subprocess raises it (OSError picks the subclass).
                 raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
             return cls(pid, pidfd=pidfd, start=start)
-        if not pass_fds:
-            plain = _placement.spawn_plain(
-                argv[0] if executable is None else executable, argv, env, cwd, (stdin, stdout, stderr)
-            )
-            if plain is not None:
-                return cls(plain[0], pidfd=plain[1], start=plain[2])
+        plain = _placement.spawn_plain(
+            argv[0] if executable is None else executable, argv, env, cwd, (stdin, stdout, stderr), pass_fds
+        )
+        if plain is not None:
+            return cls(plain[0], pidfd=plain[1], start=plain[2])
         kwargs: dict[str, Any] = {}
         if pass_fds:
             kwargs["pass_fds"] = tuple(pass_fds)

@@ -496,9 +496,24 @@ def _function(path: str) -> Any:
         lib = ctypes.CDLL(path)
         c_int, c_long, c_str = ctypes.c_int, ctypes.c_long, ctypes.c_char_p
         strs, int_out = ctypes.POINTER(c_str), ctypes.POINTER(c_int)
-        # (path, argv, envp, cwd, in, out, err, cgroup_fd, *pidfd, *errno, born[2])
+        # (path, argv, envp, cwd, in, out, err, keep[], nkeep, cgroup_fd, *pidfd, *errno, born[2])
         born = ctypes.POINTER(ctypes.c_longlong)
-        spawn_args = (c_str, strs, strs, c_str, c_int, c_int, c_int, c_int, int_out, int_out, born)
+        fd_list = ctypes.POINTER(c_int)
+        spawn_args = (
+            c_str,
+            strs,
+            strs,
+            c_str,
+            c_int,
+            c_int,
+            c_int,
+            fd_list,
+            c_int,
+            c_int,
+            int_out,
+            int_out,
+            born,
+        )
         fn = _LOADED[path] = _bind(lib.procown_spawn, *spawn_args)
         if not _SCANNER:
             # (out, cap, key, key_len, since, self_pid, retries, *errno, *need)
@@ -584,10 +599,13 @@ def _spawn_with(
     cwd: str | None,
     fds: tuple[int, int, int],
     cgroup_fd: int,
+    keep: Sequence[int] = (),
 ) -> tuple[int, int, int]:
     import ctypes
 
     pidfd, error = ctypes.c_int(-1), ctypes.c_int(0)
+    kept = sorted({fd for fd in keep if fd > 2})
+    c_keep = (ctypes.c_int * max(1, len(kept)))(*kept)
     born = (ctypes.c_longlong * 2)()
     args = [os.fsencode(a) for a in argv]
     # C strings end at the first NUL: refuse one inside, as subprocess does
@@ -604,6 +622,8 @@ def _spawn_with(
         fds[0],
         fds[1],
         fds[2],
+        c_keep,
+        len(kept),
         cgroup_fd,
         ctypes.byref(pidfd),
         ctypes.byref(error),
@@ -658,16 +678,18 @@ def spawn_into(
     cwd: str | os.PathLike[str] | None,
     fds: tuple[int, int, int],
     cgroup_fd: int,
+    keep: Sequence[int] = (),
 ) -> tuple[int, int, int]:
     """Start `program` (its argv `argv`) in a new session inside the cgroup
-    open on `cgroup_fd`, with stdio `fds`; return its pid, its pidfd and its
-    start time in clock ticks (0: unknown, see start_tick).
+    open on `cgroup_fd`, with stdio `fds` and the descriptors `keep` passed
+    on; return its pid, its pidfd and its start time in clock ticks (0:
+    unknown, see start_tick).
     Raises the OSError of the exec (as subprocess does), or CloneRefused."""
     path = compiled_spawner()
     if path is None:
         raise CloneRefused(errno.ENOSYS, "no spawner")
     return _spawn_with(
-        _function(path), program, argv, env, None if cwd is None else os.fspath(cwd), fds, cgroup_fd
+        _function(path), program, argv, env, None if cwd is None else os.fspath(cwd), fds, cgroup_fd, keep
     )
 
 
@@ -683,6 +705,7 @@ def spawn_plain(
     env: Sequence[bytes],
     cwd: str | os.PathLike[str] | None,
     fds: tuple[int, int, int],
+    keep: Sequence[int] = (),
 ) -> tuple[int, int, int] | None:
     """Start `program` (its argv `argv`, its environment the KEY=value
     entries `env`) in a new session through the spawner, in our own cgroup:
@@ -692,7 +715,7 @@ def spawn_plain(
     if _PLAIN_REFUSED:
         return None
     try:
-        return spawn_into(program, argv, env, cwd, fds, -1)
+        return spawn_into(program, argv, env, cwd, fds, -1, keep)
     except CloneRefused as exc:
         if exc.errno in (errno.EAGAIN, errno.ENOMEM):
             raise OSError(exc.errno, os.strerror(exc.errno)) from None

@@ -59,7 +59,6 @@ _REFUSED = {
     "user": "changing user is not supported by the owned spawn",
     "group": "changing group is not supported by the owned spawn",
     "extra_groups": "changing groups is not supported by the owned spawn",
-    "pass_fds": "extra inherited fds are not supported by the owned spawn",
     "umask": "the owned spawn does not change the umask (set it in the command: sh -c 'umask 077; ...')",
     "restore_signals": "the command always starts with SIGPIPE, SIGXFZ and SIGXFSZ at their defaults",
     "pipesize": "the owned spawn does not resize pipes",
@@ -72,7 +71,6 @@ _POPEN_DEFAULTS: dict[str, object] = {
     "user": None,
     "group": None,
     "extra_groups": None,
-    "pass_fds": (),
     "umask": -1,
     "restore_signals": True,
     "pipesize": -1,
@@ -84,7 +82,7 @@ _TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
 # trio's own cancel gives the process 5 s between SIGTERM and SIGKILL; the
 # drop-in gives the command (and now its tree) the same, unless told otherwise.
 TRIO_CANCEL_GRACE = 5.0
-_OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal")
+_OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal", "pass_fds")
 
 
 @final
@@ -260,8 +258,6 @@ def _check_options(options: dict[str, object]) -> None:
 
 def _is_default(key: str, value: object) -> bool:
     default = _POPEN_DEFAULTS[key]
-    if key == "pass_fds":
-        return value is None or (isinstance(value, (tuple, list, set, frozenset)) and not value)
     return value is default or (type(value) is type(default) and value == default)
 
 

@@ -103,6 +103,17 @@ def inheritable(fd: int) -> bool:
         return False
 
 
+def inherited_fds() -> tuple[int, ...]:
+    """Our open descriptors above 2 that a command we exec would inherit (not
+    close-on-exec): what a shell passes on to its commands, and GNU timeout
+    to its command (a make jobserver's pipe, a `3<file` redirection)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return ()
+    return tuple(sorted(fd for fd in map(int, names) if fd > 2 and inheritable(fd)))
+
+
 def exec_path(env: Mapping[str, str] | None) -> str:
     """The PATH a program name is looked up on: `env`'s (a str or a bytes
     key, as subprocess reads it), ours when env is None, else os.defpath.
@@ -233,6 +244,28 @@ def given_name(command: str | list[str], argv: Sequence[str]) -> str:
     return command[0]
 
 
+def check_pass_fds(pass_fds: Sequence[int], domain: DomainName) -> tuple[int, ...]:
+    """The descriptors above 2 to pass on, each checked open (EBADF
+    otherwise, before anything runs); refused for a Slurm job, whose
+    command runs where our descriptors are not."""
+    if pass_fds is None:
+        return ()
+    if isinstance(pass_fds, (str, bytes)) or not all(
+        isinstance(fd, int) and not isinstance(fd, bool) for fd in pass_fds
+    ):
+        msg = f"pass_fds must be a sequence of file descriptors (ints), not {pass_fds!r}"
+        raise TypeError(msg)
+    passed = tuple(sorted({fd for fd in pass_fds if fd > 2}))
+    if not passed:
+        return passed
+    if not isinstance(domain, str) or domain == "slurm":  # "slurm" or a SlurmDomain
+        msg = "pass_fds cannot reach a command run as a Slurm job"
+        raise ValueError(msg)
+    for fd in passed:
+        os.fstat(fd)  # a closed fd raises EBADF here
+    return passed
+
+
 def check_cwd(cwd: str | os.PathLike[str] | bytes | None) -> str | None:
     """The cwd as a str, once it is known to be a directory: the OS's error
     otherwise (a NUL in it is a ValueError, as in subprocess)."""
@@ -278,10 +311,12 @@ def spawn(
     subreaper: bool,
     keeper: bool = True,
     keeper_grace: float = 2.0,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[list[str], Spawned]:
     """Spawn `command` into a new domain; return its argv and what was made.
     Raises before anything is left running."""
     check_max_output(max_output)
+    passed = check_pass_fds(pass_fds, domain)
     if stdout == STDOUT:
         msg = "stdout cannot be merged into itself"
         raise ValueError(msg)
@@ -320,6 +355,7 @@ def spawn(
                 cwd=cwd,
                 env=child_env,
                 cgroup_fd=own_domain.spawn_cgroup_fd(),
+                pass_fds=passed,
             )
             leader.mark = mark
         except BaseException:

@@ -60,6 +60,7 @@ from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._receipt import Action, Receipt
+from ._spawn import inherited_fds
 
 NAME = "procown"  # in place of GNU's "timeout" at the start of each diagnostic
 EXIT_KILLED = SIGNAL_BASE + signal.SIGKILL  # 137
@@ -536,6 +537,7 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
                         stdout=streams.stdout,
                         stderr=streams.stderr,
                         first_signal=options.signal,
+                        pass_fds=inherited_fds(),  # as GNU's command inherits them (a jobserver's pipe)
                     ) as run,
                     trio.open_nursery() as nursery,
                 ):

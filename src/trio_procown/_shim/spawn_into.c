@@ -23,7 +23,9 @@
  * (CLONE_CLEAR_SIGHAND, Linux 5.5) or else by the child, as well as SIGPIPE
  * and SIGXFSZ (which Python ignores; subprocess's restore_signals), before
  * the child restores the mask and execs. It closes every descriptor above 2 (close_range), as
- * subprocess's close_fds does. An exec failure is reported through memory
+ * subprocess's close_fds does, but those in `keep` (sorted, each above 2),
+ * which it makes inheritable: subprocess's pass_fds (a make jobserver's
+ * pipe under `procown timeout`). An exec failure is reported through memory
  * the child shares with the caller.
  *
  * It also brackets the child's birth for its start time: born_out[0] is
@@ -127,6 +129,8 @@ struct job {
     char *const *envp;
     const char *cwd;
     int fds[3];
+    const int *keep; /* descriptors above 2 to pass on, ascending */
+    int nkeep;
     sigset_t mask; /* the caller's mask, restored in the child before exec */
     volatile int err;
     volatile long long born; /* CLOCK_BOOTTIME in ns, read by the child first (0: not read) */
@@ -184,8 +188,17 @@ static int child(void *arg) {
             goto fail;
         }
     }
+    long low = 3; /* as close_fds: nothing above 2 is inherited but what `keep` names */
+    for (int i = 0; i < job->nkeep; i++) {
+        long fd = job->keep[i];
 #ifdef SYS_close_range
-    raw(SYS_close_range, 3, ~0L, 0); /* as close_fds: nothing above 2 is inherited */
+        if (fd > low) raw(SYS_close_range, low, fd - 1, 0);
+#endif
+        if (raw(SYS_fcntl, fd, F_SETFD, 0) < 0) goto fail; /* passed on: not close-on-exec */
+        low = fd + 1;
+    }
+#ifdef SYS_close_range
+    raw(SYS_close_range, low, ~0L, 0);
 #endif
     if (job->cwd != NULL && raw(SYS_chdir, (long)job->cwd, 0, 0) < 0) goto fail;
     sigprocmask(SIG_SETMASK, &job->mask, NULL);
@@ -196,8 +209,8 @@ fail:
 }
 
 long procown_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd, int in_fd,
-                   int out_fd, int err_fd, int cgroup_fd, int *pidfd_out, int *errno_out,
-                   long long *born_out) {
+                   int out_fd, int err_fd, const int *keep, int nkeep, int cgroup_fd, int *pidfd_out,
+                   int *errno_out, long long *born_out) {
     struct job job;
     int pidfd = -1;
     sigset_t all;
@@ -209,6 +222,8 @@ long procown_spawn(const char *path, char *const argv[], char *const envp[], con
     job.fds[0] = in_fd;
     job.fds[1] = out_fd;
     job.fds[2] = err_fd;
+    job.keep = keep;
+    job.nkeep = nkeep;
     static_assert(PROCOWN_STACK % 16 == 0, "the stack's top must stay 16-byte aligned");
     _Alignas(16) char stack[PROCOWN_STACK];
     struct procown_clone_args args;
