@@ -627,10 +627,16 @@ def _settled(leaks: list[LeakedProcess]) -> list[LeakedProcess]:
     opened = [t for t in targets.values() if t is not None]
     try:
         _wait_exited(opened, SETTLE)
-        return [leak for leak in leaks if (t := targets[leak.pid]) is not None and not t.exited()]
+        return [leak for leak in leaks if _still_running(leak, targets[leak.pid])]
     finally:
         for target in opened:
             target.close()
+
+
+def _still_running(leak: LeakedProcess, target: _Target | None) -> bool:
+    if target is None:  # no pidfd: gone, or none to be had (EMFILE): read it again
+        return is_running(leak.pid, leak.start_key)
+    return not target.exited()
 
 
 def escalate(targets: list[_Target], fates: Fates, budgets: Budgets) -> None:
