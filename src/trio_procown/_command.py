@@ -323,7 +323,8 @@ class OwnedCommand:
         teardown has released the domain. It does not start, shorten or
         replace the teardown (a relay of a second signal during the grace,
         as GNU timeout relays every signal it receives). A refused signal
-        is noted, not raised.
+        is noted, not raised; a number that is no signal raises ValueError,
+        as for `first_signal`.
 
         Synopsis::
 
@@ -332,10 +333,9 @@ class OwnedCommand:
             async with trio_procown.open_owned_command(["make", "-j4"]) as run:
                 run.signal_domain(signal.SIGUSR1)
         """
-        leader = self._spawned.leader
-        if self.phase.value == "done" or leader.reaped:
+        sigs = graceful_signals(sig)
+        if self.phase.value == "done" or self._leader.reaped:
             return False
-        sigs = (sig,) if sig in (signal.SIGCONT, signal.SIGKILL) else (sig, signal.SIGCONT)
         sent = self._spawned.domain.signal_graceful(sigs)
         self._teardown.signal_step("domain", Sent(sent.detail + BY_THE_CALLER, sent.failed), sigs)
         return not sent.failed

@@ -383,54 +383,55 @@ def is_running(pid: int, start: int) -> bool:
 # attributes; they are read defensively (an unknown layout finds nothing, so
 # the worst outcome is the behaviour without this: the window blames them).
 
-_POOL_SEARCH_LIMIT = 1000  # objects looked at per value, so a huge fixture value costs little
+_HELD_SEARCH_LIMIT = 1000  # objects looked at per value, so a huge fixture value costs little
 
 
-def _pool_worker_pids(obj: object) -> tuple[str, list[int]] | None:
-    """If `obj` is a process pool or a handle on one process: its kind and
-    the pids it holds."""
+def _held_by(obj: object) -> tuple[str, list[int]] | None:
+    """If `obj` is a process pool or a handle on one process: what its
+    processes are (as a report names them) and their pids."""
     popen = sys.modules.get("subprocess")
     if popen is not None and isinstance(obj, popen.Popen):
-        return ("subprocess.Popen", [obj.pid]) if obj.returncode is None else None
+        return ("a subprocess.Popen", [obj.pid]) if obj.returncode is None else None
     mp_process = sys.modules.get("multiprocessing.process")
     if mp_process is not None and isinstance(obj, mp_process.BaseProcess):
-        return ("multiprocessing.Process", [obj.pid]) if isinstance(obj.pid, int) else None
+        return ("a multiprocessing.Process", [obj.pid]) if isinstance(obj.pid, int) else None
     asyncio_sub = sys.modules.get("asyncio.subprocess")
     if asyncio_sub is not None and isinstance(obj, asyncio_sub.Process):
-        return "asyncio.subprocess.Process", [obj.pid]
+        return "an asyncio.subprocess.Process", [obj.pid]
     trio_mod = sys.modules.get("trio")
     if trio_mod is not None and isinstance(obj, trio_mod.Process):
-        return "trio.Process", [obj.pid]
+        return "a trio.Process", [obj.pid]
     futures = sys.modules.get("concurrent.futures.process")
     if futures is not None and isinstance(obj, futures.ProcessPoolExecutor):
         pids = [pid for pid in dict(getattr(obj, "_processes", None) or {}) if isinstance(pid, int)]
-        return "concurrent.futures.ProcessPoolExecutor", pids
+        return "a worker of a concurrent.futures.ProcessPoolExecutor", pids
     mp_pool = sys.modules.get("multiprocessing.pool")
     if mp_pool is not None and isinstance(obj, mp_pool.Pool):
-        return "multiprocessing.pool.Pool", [p.pid for p in list(getattr(obj, "_pool", None) or []) if p.pid]
+        pids = [p.pid for p in list(getattr(obj, "_pool", None) or []) if p.pid]
+        return "a worker of a multiprocessing.pool.Pool", pids
     return None
 
 
-def pool_workers(value: object, depth: int = 4) -> dict[int, str]:
+def held_processes(value: object, depth: int = 4) -> dict[int, str]:
     """Pids held by the process pools and process handles (subprocess.Popen,
-    multiprocessing, asyncio and trio processes) in `value`: the value
-    itself, or reachable from it through attributes and containers, `depth`
-    levels deep (execnet's Group -> its gateways -> each one's io -> its
-    Popen is four), at most _POOL_SEARCH_LIMIT objects looked at."""
+    multiprocessing, asyncio and trio processes) in `value`, and what each
+    is: the value itself, or reachable from it through attributes and
+    containers, `depth` levels deep (execnet's Group -> its gateways -> each
+    one's io -> its Popen is four), at most _HELD_SEARCH_LIMIT objects
+    looked at."""
     found: dict[int, str] = {}
     seen: set[int] = set()
     level: list[object] = [value]
     for _ in range(depth + 1):
         below: list[object] = []
-        for obj in level[: _POOL_SEARCH_LIMIT - len(seen)]:
+        for obj in level[: _HELD_SEARCH_LIMIT - len(seen)]:
             if id(obj) in seen or isinstance(obj, str | bytes | int | float | type(None)):
                 continue
             seen.add(id(obj))
             try:
-                pool = _pool_worker_pids(obj)
-                if pool is not None:
-                    kind, pids = pool
-                    what = f"a worker of a {kind}" if kind.endswith(("Executor", "Pool")) else f"a {kind}"
+                held = _held_by(obj)
+                if held is not None:
+                    what, pids = held
                     found.update(dict.fromkeys(pids, what))
                 elif isinstance(obj, dict):
                     below.extend(obj.values())

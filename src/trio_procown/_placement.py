@@ -604,8 +604,8 @@ def _spawn_with(
     import ctypes
 
     pidfd, error = ctypes.c_int(-1), ctypes.c_int(0)
-    kept = sorted({fd for fd in keep if fd > 2})
-    c_keep = (ctypes.c_int * max(1, len(kept)))(*kept)
+    kept = sorted({fd for fd in keep if fd > 2}) if keep else []
+    c_keep = (ctypes.c_int * len(kept))(*kept) if kept else None
     born = (ctypes.c_longlong * 2)()
     args = [os.fsencode(a) for a in argv]
     # C strings end at the first NUL: refuse one inside, as subprocess does

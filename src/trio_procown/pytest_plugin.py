@@ -70,7 +70,7 @@ _FROM_LEAKS = frozenset(
         "format_leaks",
         "is_running",
         "no_leaks",
-        "pool_workers",
+        "held_processes",
         "runner_helpers",
     }
 )
@@ -177,7 +177,7 @@ class _State:
 
         owned = runner_helpers() | self.released
         for fixturedef in list(self.broader.values()):
-            owned |= _pools_held(fixturedef)
+            owned |= _processes_held(fixturedef)
         return owned
 
 
@@ -185,13 +185,14 @@ def _scope_label(fixturedef: pytest.FixtureDef[Any]) -> str:
     return f"{fixturedef.scope}-scoped fixture {fixturedef.argname}"
 
 
-def _pools_held(fixturedef: pytest.FixtureDef[Any]) -> dict[int, str]:
-    """Workers of the process pools a fixture's value holds: pid -> what they are."""
+def _processes_held(fixturedef: pytest.FixtureDef[Any]) -> dict[int, str]:
+    """The processes a fixture's value holds (pools' workers, process
+    handles): pid -> what they are."""
     if fixturedef.cached_result is None:
         return {}
-    from ._leaks import pool_workers
+    from ._leaks import held_processes
 
-    held = pool_workers(fixturedef.cached_result[0])
+    held = held_processes(fixturedef.cached_result[0])
     return {pid: f"{what} held by {_scope_label(fixturedef)}" for pid, what in held.items()}
 
 
@@ -478,7 +479,7 @@ def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[Any], request: p
     state = request.config.stash.get(_STATE, None)
     # Before the leak machinery was ever used there is no window to spare them in.
     if state is not None and state.tracking and fixturedef.scope != "function":
-        state.released |= _pools_held(fixturedef)
+        state.released |= _processes_held(fixturedef)
 
 
 @pytest.hookimpl(wrapper=True)
