@@ -456,3 +456,42 @@ def test_quiet_since_agrees_with_the_kernel_for_real_children() -> None:
     finally:
         for child in (first, second):
             child.communicate(b"")
+
+
+# -- exec_in_progress: an empty environment read, explained ---------------------------------
+
+_EXITING = 0x00000004
+
+
+def _stat_line(state: str, flags: int, env_start: int, env_end: int) -> bytes:
+    fields = ["0"] * 49  # fields 3..51 of /proc/PID/stat
+    fields[0], fields[6], fields[47], fields[48] = state, str(flags), str(env_start), str(env_end)
+    return b"4242 (sh) " + " ".join(fields).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("state", "flags", "env", "expected"),
+    [
+        ("R", 0x400000, (0, 0), True),  # inside execve(): the new environment is not in place yet
+        ("R", 0x400000 | _EXITING, (0, 0), False),  # exiting: its memory is gone and never comes back
+        ("S", 0x400000, (1000, 1000), False),  # an environment that really is empty
+        ("Z", 0x400000, (0, 0), False),
+    ],
+)
+def test_exec_in_progress_tells_execve_from_exit(
+    monkeypatch: pytest.MonkeyPatch, state: str, flags: int, env: tuple[int, int], expected: bool
+) -> None:
+    """A process that is exiting shows env_start 0 like one inside execve(), but its
+    empty environment is final: it is not read again (thousands of them in a mass
+    teardown were each retried EXEC_RETRIES times)."""
+    import io
+
+    line = _stat_line(state, flags, *env)
+
+    def fake_open(path: str, mode: str = "r") -> io.BytesIO:
+        assert path == "/proc/4242/stat"
+        assert mode == "rb"
+        return io.BytesIO(line)
+
+    monkeypatch.setattr(_procfs, "open", fake_open, raising=False)
+    assert _procfs.exec_in_progress(4242) is expected
