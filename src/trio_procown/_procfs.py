@@ -653,12 +653,6 @@ def read_environ(pid: int, unreadable: set[int] | None = None) -> bytes | None:
 
 
 _PF_KTHREAD = 0x00200000
-# Set when a process begins to exit, before its memory is released: from
-# then on its stat shows env_start 0, as inside execve(), but it will never
-# have an environment again. In a mass teardown thousands are caught there,
-# and retrying each EXEC_RETRIES times held the first shared scan of 10,000
-# processes for 0.9 s (0.13 s for the next, once they were zombies).
-_PF_EXITING = 0x00000004
 
 
 def exec_in_progress(pid: int) -> bool:
@@ -666,15 +660,14 @@ def exec_in_progress(pid: int) -> bool:
 
     True while it is in the middle of execve() (env_start, field 50 of
     /proc/PID/stat, still 0) and when env_start..env_end is not empty (the
-    environment arrived since our read). False for zombies, processes that
-    are exiting and kernel threads (no memory, or none to come), for a
-    process whose environment really is empty (env_start == env_end), and
-    for one that is gone.
+    environment arrived since our read). False for zombies and kernel
+    threads (no memory at all), for a process whose environment really is
+    empty (env_start == env_end), and for one that is gone.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b") ")[2].split()
-        if fields[0] in (b"Z", b"X") or int(fields[6]) & (_PF_KTHREAD | _PF_EXITING):
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_KTHREAD:
             return False
         if len(fields) < 49:  # kernels before 3.5 do not show the addresses
             return True

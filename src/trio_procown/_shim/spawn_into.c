@@ -286,9 +286,9 @@ long procown_spawn(const char *path, char *const argv[], char *const envp[], con
  * the key absent (or no environment at all), 'e' the entry follows.
  * An empty environment is read again (sched_yield between, at most
  * `retries` times) while the process is inside execve() (env_start still
- * 0, or env_end past env_start, and not exiting: _procfs.exec_in_progress);
- * one refused for lack of permission is not (it is 'u'). A process gone
- * between the listing and its stat is left out, as in _procfs.read_stat.
+ * 0, or env_end past env_start: _procfs.exec_in_progress); one refused for
+ * lack of permission is not (it is 'u'). A process gone between the
+ * listing and its stat is left out, as in _procfs.read_stat.
  *
  * Returns the bytes written, -1 (errno in *errno_out) when /proc cannot be
  * listed or memory ran out, or -2 when `cap` is too small: *need_out then
@@ -296,9 +296,6 @@ long procown_spawn(const char *path, char *const argv[], char *const envp[], con
  * again).
  */
 #define PROCOWN_PF_KTHREAD 0x00200000UL
-/* Set when the process begins to exit, before its memory is released: an
- * exiting process shows no environment and never will again. */
-#define PROCOWN_PF_EXITING 0x00000004UL
 
 struct stat_fields {
     char state;
@@ -356,7 +353,7 @@ static int read_stat_fields(const char *pid, struct stat_fields *out) {
 static int exec_in_progress(const char *pid) {
     struct stat_fields f;
     if (read_stat_fields(pid, &f) != 0) return 0;
-    if (f.state == 'Z' || f.state == 'X' || (f.flags & (PROCOWN_PF_KTHREAD | PROCOWN_PF_EXITING))) return 0;
+    if (f.state == 'Z' || f.state == 'X' || (f.flags & PROCOWN_PF_KTHREAD)) return 0;
     if (!f.has_env_range) return 1;
     return f.env_start == 0 || f.env_end > f.env_start;
 }
