@@ -679,18 +679,24 @@ def spawn_into(
     fds: tuple[int, int, int],
     cgroup_fd: int,
     keep: Sequence[int] = (),
+    *,
+    from_worker: bool = False,
 ) -> tuple[int, int, int]:
     """Start `program` (its argv `argv`) in a new session inside the cgroup
     open on `cgroup_fd`, with stdio `fds` and the descriptors `keep` passed
     on; return its pid, its pidfd and its start time in clock ticks (0:
-    unknown, see start_tick).
+    unknown, see start_tick). `from_worker`: the clone is made by the
+    cloner's thread, the caller waiting (see _cloner.py).
     Raises the OSError of the exec (as subprocess does), or CloneRefused."""
     path = compiled_spawner()
     if path is None:
         raise CloneRefused(errno.ENOSYS, "no spawner")
-    return _spawn_with(
-        _function(path), program, argv, env, None if cwd is None else os.fspath(cwd), fds, cgroup_fd, keep
-    )
+    fn = _function(path)
+    if from_worker:
+        from ._cloner import clone_in_worker
+
+        fn = clone_in_worker(fn)
+    return _spawn_with(fn, program, argv, env, None if cwd is None else os.fspath(cwd), fds, cgroup_fd, keep)
 
 
 # Set when clone3 was refused here for a spawn with no cgroup (ENOSYS on an
@@ -710,12 +716,15 @@ def spawn_plain(
     """Start `program` (its argv `argv`, its environment the KEY=value
     entries `env`) in a new session through the spawner, in our own cgroup:
     its pid, pidfd and start time (as spawn_into), or None where there is no spawner or clone3 is
-    refused here (the caller uses Popen). Raises the exec's OSError as
+    refused here (the caller uses Popen). After an idle gap the clone is made
+    by the cloner's thread (_cloner.py). Raises the exec's OSError as
     subprocess does, and what a fork would raise at a resource limit."""
     if _PLAIN_REFUSED:
         return None
+    from ._cloner import after_idle
+
     try:
-        return spawn_into(program, argv, env, cwd, fds, -1, keep)
+        return spawn_into(program, argv, env, cwd, fds, -1, keep, from_worker=after_idle())
     except CloneRefused as exc:
         if exc.errno in (errno.EAGAIN, errno.ENOMEM):
             raise OSError(exc.errno, os.strerror(exc.errno)) from None

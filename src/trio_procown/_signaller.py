@@ -188,9 +188,12 @@ def pending() -> bool:
 
 
 def other_threads() -> int:
-    """How many threads run in this process, the signaller's and the
-    scanner's workers left out."""
-    return sum(1 for t in threading.enumerate() if t.name not in (THREAD_NAME, SCANNER_NAME))
+    """How many threads run in this process, the signaller's, the scanner's
+    and the cloner's workers left out."""
+    from ._cloner import THREAD_NAME as CLONER_NAME
+
+    ours = (THREAD_NAME, SCANNER_NAME, CLONER_NAME)
+    return sum(1 for t in threading.enumerate() if t.name not in ours)
 
 
 def submit(fn: Callable[[], T]) -> Job[T]:
