@@ -21,8 +21,10 @@
 # 1.33 / 1.18 x; 50 ms: 1.34 / 1.16 x. A thread that keeps busy between
 # spawns (other commands, other work) clones itself: there the handoff
 # costs (+0.05 x in the benchmark's interleaved rounds when any spawn 1 ms
-# after the previous used it). Not for the cgroup domain: no gain after
-# idle, and 1.35 -> 1.52 x back to back (measured; not explained).
+# after the previous used it; with the rule of after_idle, +0.03 x: 1.17-1.19
+# against 1.14-1.16 x, and 1.24-1.30 against 1.40-1.55 x after 50 ms idle,
+# three runs each). Not for the cgroup domain: no gain after idle, and
+# 1.35 -> 1.52 x back to back (measured; not explained).
 #
 # The child restores the signal mask its cloning thread had (the spawner
 # blocks every signal around the clone): the worker takes the caller's mask
