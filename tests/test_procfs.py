@@ -289,13 +289,19 @@ def test_a_known_process_is_not_probed_for_being_a_thread(monkeypatch: pytest.Mo
     assert probed == [10, 11, 12, 13]
 
 
-async def _gather_with(monkeypatch: pytest.MonkeyPatch, waiting: int, expected: int, burst: bool) -> float:
-    """How long _gather holds a round back with `waiting` of `expected` teardowns parked."""
+async def _gather_with(
+    monkeypatch: pytest.MonkeyPatch, waiting: int, expected: int, burst: bool, signals_queued: bool = False
+) -> float:
+    """How long _gather holds a round back with `waiting` of `expected` teardowns parked
+    (`signals_queued`: actions still queued for the signaller thread)."""
     import time
 
     import trio
     import trio.testing
 
+    from trio_procown import _signaller
+
+    monkeypatch.setattr(_signaller, "pending", lambda: signals_queued)
     monkeypatch.setattr(_procfs._mass, "in_burst", lambda: burst)
     monkeypatch.setattr(_procfs._mass, "expected", lambda: expected)
     this = _procfs._Round()
@@ -317,6 +323,18 @@ async def test_a_round_in_a_burst_waits_for_the_teardowns_expected(monkeypatch: 
     assert await _gather_with(monkeypatch, 1, 3, burst=True) >= 0.05
     assert await _gather_with(monkeypatch, 3, 3, burst=True) < 0.05
     assert await _gather_with(monkeypatch, 1, 3, burst=False) < 0.05
+
+
+async def test_a_round_in_a_burst_waits_while_its_signals_are_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the burst's signals still wait for the signaller thread (their processes have not
+    died yet: a scan then runs through the kill storm) a round holds back past GATHER_MAX, at
+    most GATHER_SIGNALS_MAX; it still starts at once when every teardown expected waits."""
+    monkeypatch.setattr(_procfs, "GATHER_MAX", 0.05)
+    monkeypatch.setattr(_procfs, "GATHER_SIGNALS_MAX", 0.3)
+    assert await _gather_with(monkeypatch, 1, 3, burst=True, signals_queued=True) >= 0.3
+    assert await _gather_with(monkeypatch, 1, 3, burst=True) < 0.3
+    assert await _gather_with(monkeypatch, 3, 3, burst=True, signals_queued=True) < 0.05
+    assert await _gather_with(monkeypatch, 1, 3, burst=False, signals_queued=True) < 0.05
 
 
 def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,9 +4,11 @@ teardown's bound counts from the stop request, not from when its task ran."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
@@ -274,3 +276,149 @@ async def test_a_teardown_without_a_thread_signals_from_the_loop(monkeypatch: py
     assert not receipt.forced
     assert not [s for s in receipt.steps if s.action is Action.ERROR], receipt.steps
     assert "SIGTERM" in next(s for s in receipt.steps if s.action is Action.SIGNAL).signals
+
+
+@pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> list[_signaller.Job[object]]:
+    """Every job queued for the signaller thread during the test, in order."""
+    queued: list[_signaller.Job[object]] = []
+    real_submit = _signaller.submit
+
+    def recording(fn: Callable[[], object]) -> _signaller.Job[object]:
+        job = real_submit(fn)
+        queued.append(job)
+        return job
+
+    monkeypatch.setattr(_signaller, "submit", recording)
+    return queued
+
+
+def _exited(pid: int) -> None:
+    """Block until the child `pid` has exited, without reaping it (the
+    teardown holds its leader unreaped)."""
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("domain", domains())
+async def test_in_a_burst_the_graceful_signal_is_queued_with_the_stop_request(
+    domain: str, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
+) -> None:
+    """In a burst a stop request queues the graceful signal for the thread at
+    once, before its teardown's task runs (with 2,000 cancelled together the
+    tasks get their turns over a second or more); the teardown then awaits
+    that action: one graceful signal, recorded once, and the command ends
+    without force."""
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # a burst of one
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        run.request_stop("stopped")
+        assert len(jobs) == 1  # queued by the request itself, no checkpoint since
+        receipt = await run.wait()
+    assert receipt.cause == "stopped"
+    assert receipt.domain_empty
+    assert not receipt.forced, receipt.claims()
+    graceful = [s for s in receipt.steps if s.action is Action.SIGNAL and "SIGTERM" in s.signals]
+    assert len(graceful) == 1, receipt.steps
+    assert len(jobs) == 1, receipt.steps
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("domain", domains())
+async def test_a_leader_ended_by_the_early_signal_counts_as_stopped(
+    domain: str, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
+) -> None:
+    """The leader dies of the queued signal before the stop's wakeup reaches
+    its supervisor (beyond WAKE_CHUNK stops, wakeups are put off to later
+    batches of the loop): the supervisor sees the leader exit, and the
+    receipt still says it was stopped (and by SIGTERM), never that it exited
+    by itself; the signal's step is there."""
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)
+    put_off: list[Callable[[], object]] = []
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        monkeypatch.setattr(_mass, "wake_soon", put_off.append)
+        run.request_stop("stopped")
+        _exited(run.pid)  # the loop does not run meanwhile
+        receipt = await run.wait()  # the supervisor is woken by the leader's exit only
+    assert put_off  # the stop's own wakeup never came first
+    for wake in put_off:
+        wake()
+    assert receipt.cause == "stopped", receipt.claims()
+    assert receipt.returncode == -signal.SIGTERM
+    assert [s for s in receipt.steps if s.action is Action.SIGNAL and "SIGTERM" in s.signals], receipt.steps
+    assert receipt.domain_empty
+
+
+@pytest.mark.timeout(30)
+async def test_an_early_signal_never_awaited_is_withdrawn(
+    stuck_worker: threading.Event, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
+) -> None:
+    """The early signal waits behind a stuck worker and the teardown's task
+    runs only after its whole bound: the forced fallback ends the command,
+    and the queued graceful signal is withdrawn before the leader is reaped,
+    never to be sent to a pid that may be recycled."""
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)
+    async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        run.request_stop("stopped")
+        (early,) = jobs
+        time.sleep(BUDGET + 0.2)  # starve the loop past the teardown's bound
+        receipt = await run.wait()
+    assert early.cancel()  # still withdrawn: it never started
+    assert not early.done.is_set()
+    signals = [s for s in receipt.steps if s.action is Action.SIGNAL]
+    assert [s.signals for s in signals] == [("SIGKILL",)], receipt.steps
+    assert receipt.forced
+    assert receipt.domain_empty
+
+
+IGNORES_TERM = py(
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+@pytest.mark.timeout(30)
+async def test_a_census_table_proves_the_group_empty_only_after_the_leader_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The grace stage's census table serves as the proof that the group is
+    empty (no second scan) only when the leader was gone before it was asked
+    for; a leader alive then (it ignores SIGTERM) is waited for as before."""
+    from trio_procown._domain import ProcessGroupDomain
+
+    waits: list[int] = []
+    real_wait_empty = ProcessGroupDomain.wait_empty
+
+    async def counting(self: ProcessGroupDomain, hint: object = None) -> object:
+        waits.append(self.pgid)
+        return await real_wait_empty(self, hint)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ProcessGroupDomain, "wait_empty", counting)
+    monkeypatch.setattr(_mass, "INLINE_MAX", 0)
+    async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
+        async for _ in run.lines():
+            break
+        run.request_stop("stopped")
+        _exited(run.pid)
+        died = await run.wait()
+    assert died.domain_empty
+    assert not died.forced
+    assert waits == [], died.steps
+
+    async with trio_procown.open_owned_command(IGNORES_TERM, domain="process-group", **BUDGETS) as run:
+        async for _ in run.lines():
+            break
+        ignored = await run.terminate()
+    assert waits, ignored.steps  # the leader was alive when the table was asked for
+    assert ignored.forced
+    assert ignored.domain_empty

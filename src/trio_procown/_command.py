@@ -442,7 +442,7 @@ class OwnedCommand:
             if code is not None:
                 teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited after the caller's stop")
             teardown.machine.handle(Event.STOP, cause=self._stop_cause)
-        elif exited or (code is not None and self._stop_cause is None):
+        elif not teardown.signalled_early and (exited or (code is not None and self._stop_cause is None)):
             teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited")
             teardown.machine.handle(Event.LEADER_EXITED)
         else:

@@ -23,13 +23,15 @@
 # of steps 1 and 3 are sent by the signaller thread (_signaller.py) while the
 # loop goes on; the wait for them is bounded by that same deadline (an
 # action still queued then is withdrawn and recorded as not sent; the
-# forced fallback below signals from the loop itself). In a burst a teardown
-# takes its turn (_mass.pace) before each action and after each of those
-# signalling waits, so that the loop is never held by thousands of steps
-# at once (many teardowns' waits end together). If the loop was
-# starved past that deadline, the machine
-# is told (DEADLINE): SIGKILL now unless already sent, a last wait of at most
-# CUT_SHORT_WAIT, then the receipt from what is seen (a process table shared
+# forced fallback below signals from the loop itself); the graceful signal
+# is queued by the stop request itself, before the teardown's task runs
+# (ask(); the task awaits it at step 1). In a burst a teardown takes its
+# turn (_mass.pace) before each action and after each of those signalling
+# waits, so that the loop is never held by thousands of steps at once (many
+# teardowns' waits end together). If the loop was starved past that
+# deadline, the machine is told (DEADLINE): SIGKILL now unless already
+# sent, a last wait of at most CUT_SHORT_WAIT, then the receipt from what
+# is seen (a process table shared
 # with the other starved teardowns, at most CUT_SHORT_SCAN more: when 2,000
 # teardowns are starved together, a private scan each would starve the loop
 # further, for minutes).
@@ -53,7 +55,7 @@ import trio
 from . import _mass, _procfs, _signaller
 from ._census import COOKIE_KEY
 from ._domain import Sent, describe_error, signal_names, unchanged
-from ._escalation import Do, Escalation, Event
+from ._escalation import Do, Escalation, Event, State
 from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
 from ._receipt import Action, OutputState, ProcessRecord, Receipt, Step, StreamRecord, output_of, signame
@@ -117,6 +119,11 @@ class Teardown:
         # not finished when the teardown stopped waiting for it: the leader
         # must not be reaped while it may still be signalled.
         self._in_flight: _signaller.Job[Sent] | None = None
+        # In a burst, the graceful stage's first signal, queued for the
+        # signaller thread when the stop was asked for (see ask()): the
+        # action, its second stage, when it was queued (trio time) and its
+        # signals.
+        self._early: tuple[_signaller.Job[Sent], Callable[[Sent], Sent], float, tuple[int, ...]] | None = None
         _mass.born(self)  # a live command, for the crowd's freeze (_mass.py)
 
     @property
@@ -162,6 +169,49 @@ class Teardown:
         if not self._asked_stop:
             self._asked_stop = True
             _mass.requested()
+            self._signal_early()
+
+    def _signal_early(self) -> None:
+        """In a burst, queue the graceful stage's first signal for the
+        signaller thread now, in the stop request's own batch of the loop,
+        rather than when this teardown's task gets its turn: with 2,000
+        commands cancelled together the turns are handed out over a second
+        or more, and the kill storm (10,000 exits) then ran through the
+        shared scans that followed it. The teardown awaits the action at
+        SIGNAL_GRACEFUL as if it had queued it there; until then the leader
+        stays unreaped (_withdraw_early), as for any signal under way."""
+        if not _mass.in_burst() or self.machine.state is not State.RUNNING or self._leader.reaped:
+            return
+        sigs = self.machine.graceful
+        first, then = self._domain.graceful_stages(sigs)
+        try:
+            job = _signaller.submit(first)
+        except RuntimeError:  # no thread can be started: the teardown signals as usual
+            return
+        self._early = (job, then, trio.current_time(), sigs)
+
+    @property
+    def signalled_early(self) -> bool:
+        """Was the graceful signal queued at the stop request (see ask())?
+        The owner then reports a stop even if the leader exited before its
+        task ran: our own signal may be what ended it."""
+        return self._early is not None
+
+    def _withdraw_early(self) -> None:
+        """An early signal the teardown never awaited (it ended another
+        way): withdrawn if it has not started; if it is being sent, the
+        leader must stay unreaped (see _signalling); if it was sent, its
+        step is recorded."""
+        if self._early is None:
+            return
+        job, _then, submitted, sigs = self._early
+        self._early = None
+        if job.cancel():
+            return
+        if job.running:
+            self._in_flight = job
+        elif job.error is None and job.result is not None:
+            self._record_sent(job, submitted, sigs)  # its second stage is moot now
 
     async def run(self) -> Receipt:
         """Perform the machine's actions, within the teardown's bound; return
@@ -257,8 +307,13 @@ class Teardown:
             # the domain's wait.
             sigs = machine.graceful
             self._fates.before_signal(None, kill=False)
-            first, then = self._domain.graceful_stages(sigs)
-            await self._send(first, sigs, then)
+            if self._early is not None:
+                job, then, submitted, sigs = self._early  # (a later request_stop changes no signal sent)
+                self._early = None
+                await self._await_job(job, submitted, sigs, then)
+            else:
+                first, then = self._domain.graceful_stages(sigs)
+                await self._send(first, sigs, then)
             if self._domain.empties_without_scan() and _mass.in_burst():
                 # In a burst, a domain that learns it is empty without a
                 # process table (a verified cgroup) waits first: its census
@@ -268,11 +323,18 @@ class Teardown:
                 # signals and are waited for, as in _wait_empty.
                 emptied = await self._wait_empty([], machine.budget(), "grace", sigs)
                 return machine.handle(emptied)
+            # A leader already gone before the table is asked for: a table
+            # (always begun after its request) that shows no live member
+            # then proves the domain empty, as the one its wait_empty would
+            # take after waiting for the leader (in a mass teardown, where
+            # the leader died of the signal, one shared scan less each).
+            gone_before = not self._domain.empties_without_scan() and not self._leader.alive
             table = await self._table()
             escapees = census.scan(self._domain, table)
             if escapees and machine.signals_escapees:
                 self._signal_escapees(escapees, sigs)
-            emptied = await self._wait_empty(escapees, machine.budget(), "grace", sigs, table.rows)
+            proof = table if gone_before and not self._domain.live_members(table.rows) else None
+            emptied = await self._wait_empty(escapees, machine.budget(), "grace", sigs, table.rows, proof)
             return machine.handle(emptied)
         if action is Do.SIGNAL_FORCE:
             self._fates.before_signal(None, kill=True)
@@ -341,6 +403,17 @@ class Teardown:
         except RuntimeError:  # no thread can be started: send from the loop
             self.signal_step("domain", then(act()), sigs)
             return
+        await self._await_job(job, submitted, sigs, then)
+
+    async def _await_job(
+        self,
+        job: _signaller.Job[Sent],
+        submitted: float,
+        sigs: tuple[int, ...],
+        then: Callable[[Sent], Sent] = unchanged,
+    ) -> None:
+        """Wait for a signalling action queued for the signaller thread at
+        `submitted` and record its step (see _send)."""
         try:
             await job.done.wait()
         except trio.Cancelled:
@@ -416,16 +489,20 @@ class Teardown:
         name: str,
         sigs: tuple[int, ...],
         hint: list[ProcInfo] | None = None,
+        proof: ProcessTable | None = None,
     ) -> Event:
         """Wait up to `budget` for the domain to empty and, under the
         terminate policy, for the escapees too: a member that leaves the
         domain while we wait is found by a census taken once the domain is
-        empty, gets this stage's signals `sigs`, and is waited for as well."""
+        empty, gets this stage's signals `sigs`, and is waited for as well.
+        `proof`: a table that already shows the domain empty (see
+        SIGNAL_GRACEFUL), so the domain is not waited for again."""
         census = self._census
         owned = escapees if self.machine.signals_escapees else []
         self._final_table = None
         with trio.move_on_after(budget) as scope:
-            proof = await self._domain.wait_empty(hint)
+            if proof is None:
+                proof = await self._domain.wait_empty(hint)
             while True:
                 if owned:
                     await census.wait_gone(owned)
@@ -482,6 +559,7 @@ class Teardown:
         `table` is a process-table scan taken for this purpose; without one
         (an emergency exit of the teardown) a private scan is made.
         """
+        self._withdraw_early()
         if table is None:
             table = ProcessTable(_procfs.snapshot(self._leader.mark))
         domain = self._domain
@@ -594,6 +672,7 @@ class Teardown:
         self.step(Action.ERROR, "teardown", f"writing the receipt: {type(exc).__name__}: {exc}", "failed")
         leader = self._leader
         try:
+            self._withdraw_early()
             if self._signalling() or not leader.reap():
                 leader.defer()
             self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
