@@ -320,6 +320,7 @@ async def test_a_round_in_a_burst_waits_for_the_teardowns_expected(monkeypatch: 
     """In a burst a round waits to start while teardowns are still expected to ask, at most
     GATHER_MAX; it starts at once when every teardown expected waits, or outside a burst."""
     monkeypatch.setattr(_procfs, "GATHER_MAX", 0.05)
+    monkeypatch.setattr(_procfs, "GATHER_QUIET", 1.0)  # (see the test below)
     assert await _gather_with(monkeypatch, 1, 3, burst=True) >= 0.05
     assert await _gather_with(monkeypatch, 3, 3, burst=True) < 0.05
     assert await _gather_with(monkeypatch, 1, 3, burst=False) < 0.05
@@ -331,10 +332,25 @@ async def test_a_round_in_a_burst_waits_while_its_signals_are_queued(monkeypatch
     most GATHER_SIGNALS_MAX; it still starts at once when every teardown expected waits."""
     monkeypatch.setattr(_procfs, "GATHER_MAX", 0.05)
     monkeypatch.setattr(_procfs, "GATHER_SIGNALS_MAX", 0.3)
+    monkeypatch.setattr(_procfs, "GATHER_QUIET", 0.3)  # no early start for a quiet round here
     assert await _gather_with(monkeypatch, 1, 3, burst=True, signals_queued=True) >= 0.3
     assert await _gather_with(monkeypatch, 1, 3, burst=True) < 0.3
     assert await _gather_with(monkeypatch, 3, 3, burst=True, signals_queued=True) < 0.05
     assert await _gather_with(monkeypatch, 1, 3, burst=False, signals_queued=True) < 0.05
+
+
+async def test_a_round_with_no_signal_queued_starts_once_nobody_has_joined_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Late in a burst most teardowns under way never ask again: with no signal queued, a
+    round starts once nobody has joined it for GATHER_QUIET, before GATHER_MAX; while
+    signals are queued, quiet does not start it."""
+    monkeypatch.setattr(_procfs, "GATHER_MAX", 0.5)
+    monkeypatch.setattr(_procfs, "GATHER_SIGNALS_MAX", 0.5)
+    monkeypatch.setattr(_procfs, "GATHER_QUIET", 0.05)
+    quiet = await _gather_with(monkeypatch, 1, 3, burst=True)
+    assert 0.05 <= quiet < 0.5
+    assert await _gather_with(monkeypatch, 1, 3, burst=True, signals_queued=True) >= 0.5
 
 
 def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPatch) -> None:

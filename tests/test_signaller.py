@@ -422,3 +422,36 @@ async def test_a_census_table_proves_the_group_empty_only_after_the_leader_died(
     assert waits, ignored.steps  # the leader was alive when the table was asked for
     assert ignored.forced
     assert ignored.domain_empty
+
+
+@pytest.mark.skipif("cgroup" not in domains(), reason="no writable cgroup v2 here")
+@pytest.mark.timeout(30)
+async def test_a_census_table_late_past_the_grace_is_not_charged_to_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cgroup empties within its grace, but the census table taken after
+    that comes late (in a mass teardown, a shared round): the wait for it is
+    ours, bounded by the teardown's deadline, not by the grace, so the stage
+    ends "empty" and no SIGKILL is sent to a domain that had emptied."""
+    from trio_procown._teardown import Teardown
+
+    real_table = Teardown._table
+    calls: list[float] = []
+
+    async def late(self: Teardown) -> object:
+        calls.append(trio.current_time())
+        if len(calls) > 1:  # the census taken once the cgroup emptied
+            await trio.sleep(BUDGETS["grace"] + 0.2)
+        return await real_table(self)
+
+    monkeypatch.setattr(Teardown, "_table", late)
+    async with trio_procown.open_owned_command(SLEEPER, domain="cgroup", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        receipt = await run.terminate()
+    assert len(calls) >= 2, receipt.steps
+    assert not receipt.forced, receipt.claims()
+    assert receipt.domain_empty
+    grace = next(s for s in receipt.steps if s.action is Action.WAIT and "(grace)" in s.detail)
+    assert grace.outcome == "empty", receipt.steps
