@@ -193,9 +193,10 @@ class Teardown:
 
     @property
     def signalled_early(self) -> bool:
-        """Was the graceful signal queued at the stop request (see ask())?
-        The owner then reports a stop even if the leader exited before its
-        task ran: our own signal may be what ended it."""
+        """Is a graceful signal queued at the stop request (see ask()) still
+        to be taken up by run()? (False again once run() has taken it.) The
+        owner asks before run() begins, and then reports a stop even if the
+        leader exited before its task ran: our own signal may be what ended it."""
         return self._early is not None
 
     def _withdraw_early(self) -> None:
