@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import math
 import os
 import shutil
@@ -17,6 +18,7 @@ import trio
 import trio_procown
 from conftest import MARKER, py
 from helpers import alive, domains, kill_and_wait, pids_in
+from trio_procown import _mass
 from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
@@ -630,3 +632,44 @@ def _is_open(fd: int) -> bool:
     except OSError:
         return False
     return True
+
+
+async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Commands started together count towards the crowd's freeze once set up: the freeze at the
+    crowd's height holds the scopes their supervisors made, not only what their spawn made."""
+    size = 4
+    monkeypatch.setattr(_mass, "CROWD_MIN", size)
+    monkeypatch.setattr(_mass, "_crowd_next", size)
+    assert _mass.live() == 0
+    assert not _mass.frozen()
+    runs: list[trio_procown.OwnedCommand] = []
+    started = trio.Event()
+    release = trio.Event()
+
+    async def one() -> None:
+        async with trio_procown.open_owned_command(["sleep", "30", MARKER], grace=0.5) as run:
+            runs.append(run)
+            if len(runs) == size:
+                started.set()
+            await release.wait()
+            await run.terminate()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(size):
+                nursery.start_soon(one)
+            await started.wait()
+            while _mass.live() < size:  # each supervisor counts itself at its first step
+                await trio.lowlevel.checkpoint()
+            assert _mass.frozen()
+            young = {id(obj) for obj in gc.get_objects()}  # every tracked object not frozen
+            scopes = [run._life_scope for run in runs]
+            assert gc.is_tracked(scopes[0])
+            assert [id(scope) in young for scope in scopes] == [False] * size
+            release.set()
+    finally:
+        release.set()
+    assert all(run.receipt is not None and run.receipt.domain_empty for run in runs)
+    assert not _mass.frozen()

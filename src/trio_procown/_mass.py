@@ -139,8 +139,11 @@ def live() -> int:
 
 
 def born(teardown: object) -> None:
-    """A command was spawned; `teardown` is its teardown, which calls gone()
-    once it is over (one that never runs is forgotten when collected)."""
+    """A command is live and set up (its owner calls this from the
+    supervisor's first step, once the command's nursery, tasks and scopes
+    exist, so that a freeze at this height holds them); `teardown` is its
+    teardown, which calls gone() once it is over (one that never runs is
+    forgotten when collected). Counting twice is harmless."""
     global _crowd_frozen, _crowd_next
     with _lock:
         _live.add(teardown)

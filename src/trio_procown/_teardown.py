@@ -125,7 +125,6 @@ class Teardown:
         # signals.
         self._early: tuple[_signaller.Job[Sent], Callable[[Sent], Sent], float, tuple[int, ...]] | None = None
         self._deadline = math.inf  # the teardown's own (trio time), once run() has begun
-        _mass.born(self)  # a live command, for the crowd's freeze (_mass.py)
 
     @property
     def budget(self) -> float:
