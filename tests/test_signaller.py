@@ -455,3 +455,63 @@ async def test_a_census_table_late_past_the_grace_is_not_charged_to_the_command(
     assert receipt.domain_empty
     grace = next(s for s in receipt.steps if s.action is Action.WAIT and "(grace)" in s.detail)
     assert grace.outcome == "empty", receipt.steps
+
+
+async def test_a_cgroup_seen_empty_when_its_grace_runs_out_is_not_forced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command obeys SIGTERM within its grace, but the kernel's notice of the empty cgroup
+    never reaches the wait (a starved loop sees the deadline first): when the grace runs out
+    the cgroup is asked once more, is empty, and no SIGKILL stage is run for nobody."""
+    from trio_procown._cgroup import CgroupDomain
+
+    async def no_notice(self: CgroupDomain, hint: object = None) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(CgroupDomain, "wait_empty", no_notice)
+    async with trio_procown.open_owned_command(SLEEPER, domain="cgroup", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        receipt = await run.terminate()
+    assert not receipt.forced, receipt.claims()
+    assert receipt.domain_empty
+    assert receipt.returncode == -signal.SIGTERM
+    grace = next(s for s in receipt.steps if s.action is Action.WAIT and "(grace)" in s.detail)
+    assert grace.outcome == "empty", receipt.steps
+    assert "run out" in grace.detail
+    assert not [s for s in receipt.steps if "SIGKILL" in s.signals]
+    assert any("when the grace period had run out" in claim for claim in receipt.claims())
+
+
+async def test_a_cgroup_still_populated_when_its_grace_runs_out_is_forced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same missing notice, but the command ignores SIGTERM: the cgroup is not empty when the
+    grace runs out, so the stage expired and SIGKILL follows."""
+    from trio_procown._cgroup import CgroupDomain
+
+    real_wait_empty = CgroupDomain.wait_empty
+    waits = 0
+
+    async def first_without_notice(self: CgroupDomain, hint: object = None) -> object:
+        nonlocal waits
+        waits += 1
+        if waits == 1:
+            await trio.sleep_forever()
+        return await real_wait_empty(self, hint)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CgroupDomain, "wait_empty", first_without_notice)
+    stubborn = py(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    async with trio_procown.open_owned_command(stubborn, domain="cgroup", **BUDGETS) as run:
+        async for line in run.lines():
+            assert line == "ready\n"
+            break
+        receipt = await run.terminate()
+    assert receipt.forced, receipt.claims()
+    assert receipt.domain_empty
+    grace = next(s for s in receipt.steps if s.action is Action.WAIT and "(grace)" in s.detail)
+    assert grace.outcome == "expired", receipt.steps

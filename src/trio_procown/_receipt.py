@@ -16,6 +16,10 @@ from typing import Any, Literal
 # "stopped": ended on request (run.terminate(), a service owner's stop() or
 # exit), in addition to the four causes of the contract.
 Cause = Literal["exited", "timed_out", "cancelled", "error", "stopped"]
+# In a wait step's detail: the wait's budget ran out before the domain's own
+# notice of being empty reached the teardown, and a check made then found
+# the domain empty (no force was needed; see Teardown._wait_empty).
+RAN_OUT = "run out, and the domain was then seen empty"
 # "not captured": no stream was read by us (devnull, a file, an inherited fd).
 # "closed": the caller stopped reading a stream (its own reader went away).
 OutputState = Literal["complete", "truncated", "abandoned", "closed", "not captured"]
@@ -259,10 +263,12 @@ class Receipt:
             out.append(f"Sent {term.detail} at +{term.at:.3f}s.")
             grace = waits[0] if waits else None
             if grace is not None and grace.outcome == "empty" and not self.forced:
-                out.append(
-                    f"The domain was seen empty at +{grace.at:.3f}s, within the grace period; "
-                    "no SIGKILL was needed."
+                when = (
+                    "when the grace period had run out"
+                    if RAN_OUT in grace.detail
+                    else "within the grace period"
                 )
+                out.append(f"The domain was seen empty at +{grace.at:.3f}s, {when}; no SIGKILL was needed.")
             if self.forced:
                 kill = next((s for s in signals if "SIGKILL" in s.signals), None)
                 if kill is not None:
