@@ -17,6 +17,8 @@ import trio_procown
 from conftest import py
 from helpers import domains
 from trio_procown import _mass, _signaller
+from trio_procown._cgroup import CgroupDomain
+from trio_procown._domain import Domain, ProcessGroupDomain
 from trio_procown._receipt import Action
 from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLOWANCE
 
@@ -457,19 +459,35 @@ async def test_a_census_table_late_past_the_grace_is_not_charged_to_the_command(
     assert grace.outcome == "empty", receipt.steps
 
 
-async def test_a_cgroup_seen_empty_when_its_grace_runs_out_is_not_forced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The command obeys SIGTERM within its grace, but the kernel's notice of the empty cgroup
-    never reaches the wait (a starved loop sees the deadline first): when the grace runs out
-    the cgroup is asked once more, is empty, and no SIGKILL stage is run for nobody."""
-    from trio_procown._cgroup import CgroupDomain
+def _domain_class(domain: str) -> type[Domain]:
+    return CgroupDomain if domain == "cgroup" else ProcessGroupDomain
 
-    async def no_notice(self: CgroupDomain, hint: object = None) -> None:
+
+@pytest.mark.parametrize("domain", domains())
+async def test_a_domain_seen_empty_when_its_grace_runs_out_is_not_forced(
+    domain: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command obeys SIGTERM within its grace, but its emptying never reaches the wait (a
+    starved loop sees the deadline first; a group's proving scan comes late): when the grace runs
+    out the domain is asked once more, is empty, and no SIGKILL stage is run for nobody."""
+
+    async def no_notice(self: Domain, hint: object = None) -> None:
         await trio.sleep_forever()
 
-    monkeypatch.setattr(CgroupDomain, "wait_empty", no_notice)
-    async with trio_procown.open_owned_command(SLEEPER, domain="cgroup", **BUDGETS) as run:
+    monkeypatch.setattr(_domain_class(domain), "wait_empty", no_notice)
+    # It ends 0.1 s after its SIGTERM (its own clean-up), well within the grace: still alive
+    # when the signal step's scan is asked for, so that scan cannot already prove the group empty.
+    slow_to_end = py(
+        "import os, signal, time\n"
+        "def end(*_):\n"
+        "    time.sleep(0.1)\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "signal.signal(signal.SIGTERM, end)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)"
+    )
+    async with trio_procown.open_owned_command(slow_to_end, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
         async for line in run.lines():
             assert line == "ready\n"
             break
@@ -484,29 +502,45 @@ async def test_a_cgroup_seen_empty_when_its_grace_runs_out_is_not_forced(
     assert any("when the grace period had run out" in claim for claim in receipt.claims())
 
 
-async def test_a_cgroup_still_populated_when_its_grace_runs_out_is_forced(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The same missing notice, but the command ignores SIGTERM: the cgroup is not empty when the
-    grace runs out, so the stage expired and SIGKILL follows."""
-    from trio_procown._cgroup import CgroupDomain
-
-    real_wait_empty = CgroupDomain.wait_empty
+def _first_wait_without_notice(monkeypatch: pytest.MonkeyPatch, domain: str) -> None:
+    """The domain's first wait_empty never learns anything; later ones are real."""
+    cls = _domain_class(domain)
+    real_wait_empty = cls.wait_empty
     waits = 0
 
-    async def first_without_notice(self: CgroupDomain, hint: object = None) -> object:
+    async def first_without_notice(self: Domain, hint: object = None) -> object:
         nonlocal waits
         waits += 1
         if waits == 1:
             await trio.sleep_forever()
         return await real_wait_empty(self, hint)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(CgroupDomain, "wait_empty", first_without_notice)
-    stubborn = py(
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('ready', flush=True); time.sleep(30)"
-    )
-    async with trio_procown.open_owned_command(stubborn, domain="cgroup", **BUDGETS) as run:
+    monkeypatch.setattr(cls, "wait_empty", first_without_notice)
+
+
+@pytest.mark.parametrize(
+    ("domain", "stubborn"),
+    [
+        *[(d, "leader") for d in domains()],
+        ("process-group", "member"),
+    ],
+)
+async def test_a_domain_still_busy_when_its_grace_runs_out_is_forced(
+    domain: str, stubborn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same missing notice, but something ignores SIGTERM (the leader, or a member of a
+    group whose leader died of it): the domain is not empty when the grace runs out, so the stage
+    expired and SIGKILL follows."""
+    _first_wait_without_notice(monkeypatch, domain)
+    command: str | list[str]
+    if stubborn == "leader":
+        command = py(
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(30)"
+        )
+    else:
+        command = "(trap '' TERM; exec sleep 30) & echo ready; wait"  # the marker: in our environment
+    async with trio_procown.open_owned_command(command, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
         async for line in run.lines():
             assert line == "ready\n"
             break

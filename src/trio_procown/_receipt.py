@@ -16,9 +16,9 @@ from typing import Any, Literal
 # "stopped": ended on request (run.terminate(), a service owner's stop() or
 # exit), in addition to the four causes of the contract.
 Cause = Literal["exited", "timed_out", "cancelled", "error", "stopped"]
-# In a wait step's detail: the wait's budget ran out before the domain's own
-# notice of being empty reached the teardown, and a check made then found
-# the domain empty (no force was needed; see Teardown._wait_empty).
+# In a wait step's detail: the wait's budget ran out before the domain's
+# emptying reached the teardown, and a check made then found the domain
+# empty (no force was needed; see Teardown._wait_empty).
 RAN_OUT = "run out, and the domain was then seen empty"
 # "not captured": no stream was read by us (devnull, a file, an inherited fd).
 # "closed": the caller stopped reading a stream (its own reader went away).

@@ -551,53 +551,52 @@ class Teardown:
                     self._signal_escapees(fresh, sigs)
         expired = scope.cancelled_caught or cut
         detail = f"budget {budget:g}s ({name})"
-        if (
-            scope.cancelled_caught
-            and not cut
-            and not owned
-            and self._final_table is None
-            and self._empty_now()
-        ):
-            # The budget ran out before the kernel's notice of an empty
-            # domain reached us, yet the domain is empty now: a loaded loop
-            # sees a deadline and an exit in one batch, and the deadline
-            # wins. A SIGKILL stage for nobody is not sent; the census
-            # still is taken (within the teardown's deadline, as above).
-            expired = await self._census_when_empty(sigs)
+        if scope.cancelled_caught and not cut and not owned and self._final_table is None:
+            # The budget ran out before the domain's emptying reached us (a
+            # loaded loop sees a deadline and an exit in one batch, and the
+            # deadline wins; or the scan that proves a group empty came
+            # late): ask once more now, and a domain empty by then gets no
+            # SIGKILL stage for nobody.
+            expired = not await self._empty_when_run_out(sigs)
             if not expired:
                 detail += f"; it had {RAN_OUT}"
         self.step(Action.WAIT, "domain", detail, "expired" if expired else "empty")
         return Event.EXPIRED if expired else Event.EMPTY
 
-    def _empty_now(self) -> bool:
-        """Does the domain say, without a scan, that it is empty now? (A
-        verified cgroup: its leader has ended and cgroup.events says
-        "populated 0"; False for a domain that needs a process table.)"""
+    async def _empty_when_run_out(self, sigs: tuple[int, ...]) -> bool:
+        """Is the domain empty, with no escapee left, now that a stage's
+        budget ran out? Its leader must have ended; a verified cgroup says
+        the rest itself (cgroup.events), any other domain by a table. That
+        table (for a cgroup, only the census's) is awaited within the
+        teardown's deadline, as in _wait_empty: the scan is ours. Escapees
+        it finds get `sigs`, and the answer is no."""
         domain = self._domain
+        if self._leader.alive:
+            return False
         try:
-            return domain.empties_without_scan() and domain.is_empty()
+            kernel_says = domain.empties_without_scan()
+            if kernel_says and not domain.is_empty():
+                return False
         except OSError:
             return False  # a failed read proves nothing
-
-    async def _census_when_empty(self, sigs: tuple[int, ...]) -> bool:
-        """The census of an emptied domain after its stage's budget: one
-        table, awaited within the teardown's deadline. True (the stage
-        expired) when it found escapees (they get `sigs`) or the deadline
-        passed first."""
-        if not self.machine.signals_escapees:
-            return False
+        if kernel_says and not self.machine.signals_escapees:
+            return True
         with trio.CancelScope(deadline=self._deadline, shield=True) as bound:
             table = await self._table()
         if bound.cancelled_caught:
+            return False
+        if not kernel_says and domain.live_members(table.rows):
+            return False
+        if not self.machine.signals_escapees:
             return True
-        owned = self._census.scan(self._domain, table)
+        owned = self._census.scan(domain, table)
         if owned:
             fresh = self._census.unsignalled(owned)
             if fresh:
                 self._signal_escapees(fresh, sigs)
-            return True
+            return False
         self._final_table = table
-        return False
+        return True
 
     async def _cut_short(self) -> None:
         """The teardown's own deadline expired before it finished (the event
