@@ -531,24 +531,14 @@ class Teardown:
                     await census.wait_gone(owned)
                 if not self.machine.signals_escapees:
                     break
-                if proof is not None and not owned:
-                    table = proof
-                else:
-                    with trio.CancelScope(deadline=self._deadline, shield=True) as bound:
-                        table = await self._table()
-                    if bound.cancelled_caught:
-                        cut = True
-                        break
-                proof = None
-                owned = census.scan(self._domain, table)
-                if not owned:
-                    # Taken after every signal, showing nothing left: the
-                    # receipt can be written from it (see REAP).
-                    self._final_table = table
+                table = proof if proof is not None and not owned else await self._census_table()
+                if table is None:  # the teardown's deadline passed while it was awaited
+                    cut = True
                     break
-                fresh = census.unsignalled(owned)
-                if fresh:
-                    self._signal_escapees(fresh, sigs)
+                proof = None
+                owned = self._census_of(table, sigs)
+                if not owned:
+                    break
         expired = scope.cancelled_caught or cut
         detail = f"budget {budget:g}s ({name})"
         if scope.cancelled_caught and not cut and not owned and self._final_table is None:
@@ -581,22 +571,36 @@ class Teardown:
             return False  # a failed read proves nothing
         if kernel_says and not self.machine.signals_escapees:
             return True
-        with trio.CancelScope(deadline=self._deadline, shield=True) as bound:
-            table = await self._table()
-        if bound.cancelled_caught:
+        table = await self._census_table()
+        if table is None:
             return False
         if not kernel_says and domain.live_members(table.rows):
             return False
         if not self.machine.signals_escapees:
             return True
-        owned = self._census.scan(domain, table)
-        if owned:
-            fresh = self._census.unsignalled(owned)
-            if fresh:
-                self._signal_escapees(fresh, sigs)
-            return False
-        self._final_table = table
-        return True
+        return not self._census_of(table, sigs)
+
+    async def _census_table(self) -> ProcessTable | None:
+        """A table for a stage's census, awaited within the teardown's own
+        deadline, not the stage's budget (the scan is ours); None if that
+        deadline passed first."""
+        with trio.CancelScope(deadline=self._deadline, shield=True) as bound:
+            table = await self._table()
+        return None if bound.cancelled_caught else table
+
+    def _census_of(self, table: ProcessTable, sigs: tuple[int, ...]) -> list[ProcInfo]:
+        """The escapees `table` shows; those not signalled yet get `sigs`.
+        With none, the table was taken after every signal and shows nothing
+        left: the receipt is written from it (see REAP)."""
+        census = self._census
+        owned = census.scan(self._domain, table)
+        if not owned:
+            self._final_table = table
+            return owned
+        fresh = census.unsignalled(owned)
+        if fresh:
+            self._signal_escapees(fresh, sigs)
+        return owned
 
     async def _cut_short(self) -> None:
         """The teardown's own deadline expired before it finished (the event
