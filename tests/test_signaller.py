@@ -530,7 +530,10 @@ async def test_a_domain_still_busy_when_its_grace_runs_out_is_forced(
             "print('ready', flush=True); time.sleep(30)"
         )
     else:
-        command = "(trap '' TERM; exec sleep 30) & echo ready; wait"  # the marker: in our environment
+        # The member says it is ready once it ignores TERM (a "ready" from the leader could come
+        # before the trap: under load the member then died of the signal); the marker: in our
+        # environment.
+        command = "(trap '' TERM; echo ready; exec sleep 30) & wait"
     async with trio_procown.open_owned_command(command, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
         await _ready(run)
         receipt = await run.terminate()
