@@ -10,6 +10,7 @@ behind for the outer suite's own leak check.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -785,12 +786,14 @@ def test_a_fork_from_another_thread_does_not_hold_our_fork_sync(monkeypatch: pyt
     log._unlock()  # (as after the lock's bounded wait gave up: the close in the child must do it)
     sync_pipe = f"pipe:[{os.fstat(sync[1]).st_ino}]"
     release_r, release_w = os.pipe()
+    ready_r, ready_w = os.pipe()
     forked: list[int] = []
 
     def fork_b() -> None:
         pid = os.fork()
         if pid == 0:
             os.close(release_w)
+            os.write(ready_w, b"+")  # its fork handlers have run and its descriptors are settled
             os.read(release_r, 1)
             os._exit(0)
         forked.append(pid)
@@ -800,6 +803,10 @@ def test_a_fork_from_another_thread_does_not_hold_our_fork_sync(monkeypatch: pyt
         thread.start()
         thread.join(30)
         assert forked, "the fork from thread B did not return"
+        # Read its descriptors once it says so (before, a listed one could
+        # still be closing: ENOENT on a fork-heavy machine).
+        assert select.select([ready_r], [], [], 30)[0], "the child of thread B's fork never got going"
+        assert os.read(ready_r, 1) == b"+"
         held = {os.readlink(f"/proc/{forked[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{forked[0]}/fd")}
         assert sync_pipe not in held
     finally:
@@ -807,7 +814,8 @@ def test_a_fork_from_another_thread_does_not_hold_our_fork_sync(monkeypatch: pyt
         os.close(release_w)  # B's child reads EOF and exits
         for pid in forked:
             os.waitpid(pid, 0)
-        os.close(release_r)
+        for fd in (release_r, ready_r, ready_w):
+            os.close(fd)
 
 
 def test_a_test_interrupted_by_ctrl_c_is_named_for_what_it_left(
