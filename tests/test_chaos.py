@@ -897,10 +897,24 @@ def check_example(
 # ---------------------------------------------------------------------------
 # The property tests
 # ---------------------------------------------------------------------------
-needs_ki = pytest.mark.skipif(
-    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-    reason="SIGINT is not Python's default handler here, so trio would not catch ^C",
-)
+@pytest.fixture(scope="module")
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler, as in a terminal, for the tests of ^C:
+    trio turns ^C into KeyboardInterrupt only over that handler, and a suite
+    started where SIGINT is ignored (a background job, some CI runners)
+    would otherwise not test ^C at all. Module-scoped: Hypothesis runs many
+    examples per test. The previous handler is restored afterwards."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed outside Python: it could not be restored
+        pytest.skip("SIGINT's handler was not set from Python here, so it cannot be restored after ^C tests")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+needs_ki = pytest.mark.usefixtures("default_sigint")
 
 
 @pytest.mark.timeout(CHAOS_TIMEOUT)
