@@ -15,6 +15,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+async def read_ready(run: trio_procown.OwnedCommand) -> None:
+    """Read the command's first line: it says "ready"."""
+    async for line in run.lines():
+        assert line == "ready\n"
+        break
+
+
 def domains() -> list[str]:
     """The domains this machine offers, strongest first."""
     return [d.name for d in trio_procown.available_domains() if d.available]

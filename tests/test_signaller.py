@@ -15,7 +15,7 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import domains
+from helpers import domains, read_ready
 from trio_procown import _mass, _signaller
 from trio_procown._cgroup import CgroupDomain
 from trio_procown._domain import Domain, ProcessGroupDomain
@@ -25,13 +25,6 @@ from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLO
 SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
 BUDGETS = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
 BUDGET = sum(BUDGETS.values()) + TEARDOWN_ALLOWANCE
-
-
-async def _ready(run: trio_procown.OwnedCommand) -> None:
-    """Read the command's first line: it says "ready"."""
-    async for line in run.lines():
-        assert line == "ready\n"
-        break
 
 
 @pytest.fixture
@@ -112,7 +105,7 @@ async def test_a_stuck_signaller_still_ends_the_command_within_the_bound(
     loop) ends the command, and the block returns within its bound."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
     async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
-        await _ready(run)
+        await read_ready(run)
         start = trio.current_time()
         receipt = await run.terminate()
     elapsed = trio.current_time() - start
@@ -131,7 +124,7 @@ async def test_the_bound_counts_from_the_stop_request() -> None:
     loop was starved) goes straight to the forced fallback, and its receipt
     dates the stop at the request."""
     async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
-        await _ready(run)
+        await read_ready(run)
         asked = trio.current_time()
         run.request_stop("stopped")
         time.sleep(BUDGET + 0.2)  # starve the loop: the teardown's task has not run yet
@@ -273,7 +266,7 @@ async def test_a_teardown_without_a_thread_signals_from_the_loop(monkeypatch: py
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
     monkeypatch.setattr(_signaller, "submit", refused)
     async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
-        await _ready(run)
+        await read_ready(run)
         receipt = await run.terminate()
     assert receipt.domain_empty
     assert not receipt.forced
@@ -314,7 +307,7 @@ async def test_in_a_burst_the_graceful_signal_is_queued_with_the_stop_request(
     without force."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # a burst of one
     async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
-        await _ready(run)
+        await read_ready(run)
         run.request_stop("stopped")
         assert len(jobs) == 1  # queued by the request itself, no checkpoint since
         receipt = await run.wait()
@@ -339,7 +332,7 @@ async def test_a_leader_ended_by_the_early_signal_counts_as_stopped(
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)
     put_off: list[Callable[[], object]] = []
     async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
-        await _ready(run)
+        await read_ready(run)
         monkeypatch.setattr(_mass, "wake_soon", put_off.append)
         run.request_stop("stopped")
         _exited(run.pid)  # the loop does not run meanwhile
@@ -363,7 +356,7 @@ async def test_an_early_signal_never_awaited_is_withdrawn(
     never to be sent to a pid that may be recycled."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)
     async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
-        await _ready(run)
+        await read_ready(run)
         run.request_stop("stopped")
         (early,) = jobs
         time.sleep(BUDGET + 0.2)  # starve the loop past the teardown's bound
@@ -443,7 +436,7 @@ async def test_a_census_table_late_past_the_grace_is_not_charged_to_the_command(
 
     monkeypatch.setattr(Teardown, "_table", late)
     async with trio_procown.open_owned_command(SLEEPER, domain="cgroup", **BUDGETS) as run:
-        await _ready(run)
+        await read_ready(run)
         receipt = await run.terminate()
     assert len(calls) >= 2, receipt.steps
     assert not receipt.forced, receipt.claims()
@@ -481,7 +474,7 @@ async def test_a_domain_seen_empty_when_its_grace_runs_out_is_not_forced(
         "time.sleep(30)"
     )
     async with trio_procown.open_owned_command(slow_to_end, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
-        await _ready(run)
+        await read_ready(run)
         receipt = await run.terminate()
     assert not receipt.forced, receipt.claims()
     assert receipt.domain_empty
@@ -535,7 +528,7 @@ async def test_a_domain_still_busy_when_its_grace_runs_out_is_forced(
         # environment.
         command = "(trap '' TERM; echo ready; exec sleep 30) & wait"
     async with trio_procown.open_owned_command(command, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
-        await _ready(run)
+        await read_ready(run)
         receipt = await run.terminate()
     assert receipt.forced, receipt.claims()
     assert receipt.domain_empty

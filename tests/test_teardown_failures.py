@@ -14,7 +14,7 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import alive, domains, kill_and_wait
+from helpers import alive, domains, kill_and_wait, read_ready
 
 DOMAINS = domains()
 SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
@@ -72,9 +72,7 @@ async def test_eperm_under_process_group_is_bounded_and_not_claimed_empty(refuse
     with pytest.raises(ValueError, match="body failed") as caught:
         async with trio_procown.open_owned_command(SLEEPER, domain="process-group", **BUDGETS) as run:
             refuse.add(run.pid)
-            async for line in run.lines():
-                assert line == "ready\n"
-                break
+            await read_ready(run)
             raise ValueError("body failed")
     assert type(caught.value) is ValueError
     elapsed = trio.current_time() - start
