@@ -419,6 +419,15 @@ def _spawn(r: Results, domains_link: str) -> str:
 
     pg = r.target("spawn", "run_owned process-group / trio.run_process capture")
     cg = r.target("spawn", "run_owned cgroup / trio.run_process capture")
+    after = f"after {idle * 1e3:g} ms idle"
+    pg_idle = r.target("spawn", f"run_owned process-group {after} / trio.run_process capture")
+    cg_idle = r.target("spawn", f"run_owned cgroup {after} / trio.run_process capture")
+    targets = (
+        ("process-group", pg),
+        ("cgroup", cg),
+        (f"process-group {after}", pg_idle),
+        (f"cgroup {after}", cg_idle),
+    )
     rounds = d.get("rounds", MISSING)
     return f"""\
 - Spawn-and-wait of `/bin/true`, capture on both sides (`run_owned` with its
@@ -432,7 +441,8 @@ def _spawn(r: Results, domains_link: str) -> str:
   streams, a cgroup spawn took {gap("run_owned cgroup", True)} µs back to back and {gap("run_owned cgroup", False)} µs after
   {idle * 1e3:g} ms idle (process-group {gap("run_owned process-group", True)} µs and {gap("run_owned process-group", False)} µs; `trio.run_process`
   {gap("trio.run_process capture", True)} µs and {gap("trio.run_process capture", False)} µs). The targets of this run ({limit(pg, digits=".2f")} for
-  process-group, {limit(cg, digits=".2f")} for cgroup) were {verdict((("process-group", pg), ("cgroup", cg)))}."""
+  process-group, {limit(cg, digits=".2f")} for cgroup, in the interleaved rounds and {after}) were
+  {verdict(targets)}."""
 
 
 def _deadline(r: Results) -> str:

@@ -571,6 +571,8 @@ async def test_benchmark_quotes_follow_the_verdicts(tmp_path: Path) -> None:
     verdicts = {
         "run_owned process-group / trio.run_process capture": "met",
         "run_owned cgroup / trio.run_process capture": "met",
+        "run_owned process-group after 50 ms idle / trio.run_process capture": "met",
+        "run_owned cgroup after 50 ms idle / trio.run_process capture": "met",
         "deadline→return upper bound, cgroup": "met",
         "deadline→return upper bound, process-group": "MISSED",
         "procown run -- true / import trio": "met",
@@ -594,7 +596,7 @@ async def test_benchmark_quotes_follow_the_verdicts(tmp_path: Path) -> None:
     assert status == 0, text
     readme = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
     for phrase in [
-        "process-group, ≤ 1.30 x for cgroup) were met.",
+        "process-group, ≤ 1.30 x for cgroup, in the interleaved rounds and after 50 ms idle) were\n  met.",
         "target of ≤ 20 ms was met for cgroup, missed for process-group in this run.",
         "the target of ≤ 1.15 x was met\n  in this run",
         "every block within its\n  bound, 0 survivors, but the event loop stalled up to 1000.00 ms",
