@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from conftest import py
@@ -339,11 +340,12 @@ def gnu_settled(pid: int) -> None:
     while time.monotonic() < deadline:
         try:
             wchan = Path(f"/proc/{pid}/wchan").read_text()
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
+            if "sigsuspend" in wchan or (
+                wchan in ("", "0") and psutil.Process(pid).status() == psutil.STATUS_SLEEPING
+            ):
+                return
+        except (OSError, psutil.NoSuchProcess):
             return  # gone: the caller sees its status
-        if "sigsuspend" in wchan or (wchan in ("", "0") and state == "S"):
-            return
         time.sleep(0.001)  # (no event tells us: polled, bounded by WAIT)
     msg = f"GNU timeout (pid {pid}) never settled in sigsuspend"
     raise AssertionError(msg)
