@@ -27,6 +27,8 @@
 #       synchronous stretch of the loop shows up there). Between points we
 #       wait for PID 1 to reap the orphaned zombies (it does so every ~2 s),
 #       so each point starts with the pid space as free as the first.
+# A full run repeats the points of MASS_RUNS_FROM commands and more
+# MASS_RUNS times and reports each point's worst run (see MASS_RUNS).
 # After each point we count live processes carrying the benchmark marker
 # (survivors; must be 0) and summarise the receipts (forced, not proved
 # empty). --quick runs two points of each.
@@ -77,6 +79,13 @@ MASS_GRACE, MASS_KILL_WAIT, MASS_DRAIN_WAIT = 1.0, 0.5, 0.5
 MASS_BOUND = MASS_GRACE + MASS_KILL_WAIT + MASS_DRAIN_WAIT + TEARDOWN_ALLOWANCE  # 2.5 s
 MASS_LIMIT = MASS_BOUND + TEARDOWN_ALLOWANCE  # the bound plus the documented scheduling noise
 STALL_GOAL = 0.020
+# On 2 vCPUs the largest points hold their bound in some runs and not in
+# others (docs/chaos.md, "Turns": the kill storm, the host's steal): one
+# run each would quote a draw. So a full run repeats the points from
+# MASS_RUNS_FROM commands up MASS_RUNS times, and every figure of a point
+# is its worst run's; --quick runs each point once.
+MASS_RUNS_FROM = 1000
+MASS_RUNS = 3
 
 
 class _Point:
@@ -342,6 +351,11 @@ async def _bare_cancel_stall(k: int) -> float:
     return watch.longest
 
 
+def _mass_runs(cfg: Config, k: int) -> int:
+    """How many times the mass-teardown point of `k` commands runs."""
+    return MASS_RUNS if not cfg.quick and k >= MASS_RUNS_FROM else 1
+
+
 async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> None:
     counts = cfg.pick([20, 50], [250, 500, 1000, 2000])
     mass = {(k, d): _MassPoint() for k in counts for d in domains}
@@ -352,7 +366,8 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             print(
                 f"[benchmarks] scaling: mass teardown of {k} commands ({d}) ...", file=sys.stderr, flush=True
             )
-            await _mass_once(cfg, k, d, mass[(k, d)])
+            for _ in range(_mass_runs(cfg, k)):
+                await _mass_once(cfg, k, d, mass[(k, d)])
     section.tables.append(
         Table(
             [
@@ -362,6 +377,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 "all returned ms",
                 "slowest block ms",
                 f"blocks past {MASS_BOUND:g} s",
+                "runs with a block past it",
                 "survivors",
                 "longest loop stall ms",
                 "trio's floor: stall of a bare cancel ms",
@@ -377,6 +393,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     ms(max(p.walls, default=float("nan"))),
                     ms(max(p.slowest, default=float("nan"))),
                     f"{max(p.over, default=0)}/{k}",
+                    f"{sum(o > 0 for o in p.over)}/{len(p.over)}",
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
                     ms(floors[k]),
@@ -394,7 +411,13 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; trio's floor: "
             "the same measure when K bare trio tasks, each waiting, are cancelled together by one scope and "
             "each waits once more in a shielded scope (what trio's scheduler costs before any teardown "
-            "work). One run per point.",
+            "work). "
+            + (
+                f"Points of {MASS_RUNS_FROM:,} commands and more ran {MASS_RUNS} times each, the others once; "
+                "every figure of a point is its worst run's (forced and not proved empty: over all its runs)."
+                if any(_mass_runs(cfg, k) > 1 for k in counts)
+                else "One run per point."
+            ),
         )
     )
     for p in mass.values():
