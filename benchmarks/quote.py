@@ -67,13 +67,18 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(value) or math.isinf(value) else float(value)
 
 
+def _nums(values: Any) -> list[float]:
+    """The numbers of a JSON list (anything else in it, or a non-list, left out)."""
+    return [v for v in (_num(x) for x in values) if v is not None] if isinstance(values, list) else []
+
+
 def _median(values: Any) -> float | None:
-    nums = [v for v in (_num(x) for x in values or []) if v is not None] if isinstance(values, list) else []
+    nums = _nums(values)
     return statistics.median(nums) if nums else None
 
 
 def _max(values: Any) -> float | None:
-    nums = [v for v in (_num(x) for x in values or []) if v is not None] if isinstance(values, list) else []
+    nums = _nums(values)
     return max(nums) if nums else None
 
 
@@ -162,9 +167,9 @@ class Results:
         if isinstance(mass, dict) and mass:
             for key, p in mass.items():
                 k, _, domain = key.partition(" ")
-                over = _max(p.get("blocks_over_limit"))
+                per_run = _nums(p.get("blocks_over_limit"))
+                over = max(per_run, default=None)
                 survivors = _max(p.get("survivors"))
-                per_run = [v for v in p.get("blocks_over_limit") or [] if isinstance(v, int | float)]
                 points.append(
                     MassPoint(
                         int(k),
