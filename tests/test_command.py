@@ -673,3 +673,42 @@ async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
         release.set()
     assert all(run.receipt is not None and run.receipt.domain_empty for run in runs)
     assert not _mass.frozen()
+
+
+async def test_executable_runs_in_place_of_the_program_named(domain: str) -> None:
+    """`executable` (as Popen's): a sequence's first item becomes only the
+    program's argv[0], found on PATH like a program; a shell line runs under
+    it instead of /bin/sh. Each is owned and receipted as usual."""
+    named = await trio_procown.run_owned(
+        ["procown-named-shell", "-c", "tr '\\0' ' ' < /proc/$$/cmdline", MARKER],
+        executable="sh",
+        domain=domain,
+    )
+    assert named.stdout.decode().split()[0] == "procown-named-shell"
+    assert named.receipt.cause == "exited"
+    assert named.receipt.domain_empty
+    line = await trio_procown.run_owned(  # a Python line: only Python runs it
+        f"import os; print(os.readlink('/proc/self/exe'))  # {MARKER}",
+        executable=os.fsencode(sys.executable),
+        domain=domain,
+    )
+    assert line.stdout.decode().strip() == os.path.realpath(sys.executable)
+    assert line.receipt.cause == "exited"
+    assert line.receipt.domain_empty
+
+
+async def test_a_bad_executable_raises_before_anything_runs(tmp_path: Path) -> None:
+    """A missing or unusable `executable` raises what a missing program
+    would (naming the executable, not command[0]); an empty command or a
+    non-path executable are refused too."""
+    with pytest.raises(FileNotFoundError) as missing:
+        await trio_procown.run_owned(["sh", "-c", "true"], executable="no-such-procown-exe")
+    assert missing.value.filename == "no-such-procown-exe"
+    with pytest.raises(FileNotFoundError):
+        await trio_procown.run_owned(["sh"], executable=str(tmp_path / "missing"))
+    with pytest.raises(PermissionError):
+        await trio_procown.run_owned(["sh"], executable=str(tmp_path))
+    with pytest.raises(ValueError, match="empty"):
+        await trio_procown.run_owned([], executable="sh")
+    with pytest.raises(TypeError, match="executable must be a path"):
+        await trio_procown.run_owned(["sh"], executable=3)  # type: ignore[arg-type]

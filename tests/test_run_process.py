@@ -266,6 +266,33 @@ async def test_errors() -> None:
         await run_process("ls", shell=False)
 
 
+async def test_the_handle_says_its_streams_are_bytes_as_trio_process_does() -> None:
+    """OwnedProcess carries trio.Process's text attributes, at trio's values."""
+    for name in ("universal_newlines", "encoding", "errors"):
+        assert getattr(OwnedProcess, name) == getattr(trio.Process, name)
+    async with run_process_in_nursery(EXIT_TRUE) as proc:
+        assert (proc.universal_newlines, proc.encoding, proc.errors) == (False, None, None)
+        await proc.wait()
+
+
+async def test_executable_as_in_popen() -> None:
+    """executable= as Popen (and so trio) honour it: with shell=False it runs
+    in place of the program and args[0] is only its argv[0]; with
+    shell=True it runs the line instead of /bin/sh. The result's args are
+    the command as given."""
+    named = await run_process(
+        ["procown-named", "-c", "print(open('/proc/self/cmdline').read().split(chr(0))[0])", MARKER],
+        executable=sys.executable,
+        capture_stdout=True,
+    )
+    assert named.stdout == b"procown-named\n"
+    assert named.args[0] == "procown-named"
+    line = await run_process(
+        f"import sys; sys.exit(7)  # {MARKER}", shell=True, executable=sys.executable, check=False
+    )
+    assert line.returncode == 7  # /bin/sh would have failed on `import`, not exited 7
+
+
 @pytest.mark.parametrize(
     ("send_it", "signum"),
     [

@@ -502,6 +502,7 @@ async def open_owned_command(
     first_signal: int = signal.SIGTERM,
     keeper: bool = True,
     pass_fds: Sequence[int] = (),
+    executable: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[OwnedCommand]:
     """Run `command` owned by this block: every process it starts is torn
     down, with a bounded teardown, before control leaves the block.
@@ -535,6 +536,10 @@ async def open_owned_command(
     `pass_fds`: open descriptors of ours (above 2) the command inherits, as
     in subprocess (a make jobserver's pipe); every other one above 2 is
     closed in the command.
+    `executable`: the program to run in place of the one `command` names,
+    as Popen's executable=: ``command[0]`` is then only the name it is
+    given (its argv[0]); a `str` command runs under ``executable -c``
+    instead of ``/bin/sh -c``.
 
     Synopsis::
 
@@ -563,6 +568,7 @@ async def open_owned_command(
         keeper=keeper,
         keeper_grace=grace,
         pass_fds=pass_fds,
+        executable=executable,
     )
     name = tuple(argv) if not isinstance(command, str) else (command,)
     teardown = Teardown(spawned, machine, name, subreaper)
@@ -633,6 +639,7 @@ class OwnedOptions(TypedDict, total=False):
     first_signal: int
     keeper: bool
     pass_fds: Sequence[int]
+    executable: str | os.PathLike[str] | None
 
 
 async def run_owned(command: Command, **options: Unpack[OwnedOptions]) -> OwnedResult:

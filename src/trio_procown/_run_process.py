@@ -41,7 +41,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, final
+from typing import Any, Final, Literal, final
 
 import trio
 
@@ -100,6 +100,11 @@ class OwnedProcess:
             proc.terminate()
             print(await proc.wait())
     """
+
+    # trio.Process's own: its streams are bytes, never text.
+    universal_newlines: Final = False
+    encoding: Final = None
+    errors: Final = None
 
     def __init__(
         self,
@@ -344,15 +349,9 @@ async def run_process(
     stdout = _output_target("stdout", options.pop("stdout", _ABSENT), capture_stdout)
     stderr = _output_target("stderr", options.pop("stderr", _ABSENT), capture_stderr)
 
-    argv: str | list[str]
-    if shell:
-        script = os.fsdecode(command)  # type: ignore[arg-type]
-        argv = script if executable is None else [os.fsdecode(executable), "-c", script]
-    else:
-        argv = normalize_command(command)
-        if executable is not None:
-            msg = "trio_procown.run_process does not support executable= without shell=True"
-            raise TypeError(msg)
+    # executable= runs in place of the program (shell=False: argv[0] is
+    # then only its name) or of /bin/sh (shell=True), as in Popen.
+    argv = os.fsdecode(command) if shell else normalize_command(command)  # type: ignore[arg-type]
 
     await trio.lowlevel.checkpoint_if_cancelled()  # as trio: a cancelled scope starts nothing
     stdin_write: int | None = None
@@ -385,6 +384,7 @@ async def run_process(
             grace=grace,
             kill_wait=kill_wait,
             drain_wait=owned.pop("drain_wait", DEFAULT_DRAIN_WAIT),
+            executable=executable,
             **options,
             **owned,
         ) as run:

@@ -244,6 +244,24 @@ def child_environment(env: Mapping[str, str] | None, key: str, value: str) -> li
     return [*entries, extra + os.fsencode(value)]
 
 
+def with_executable(command: str | list[str], executable: object) -> tuple[list[str], str]:
+    """The argv that runs `executable` in place of the program `command`
+    names, and the argv[0] it is given, as Popen's executable=: a sequence
+    keeps its first item as the program's name only; a shell line runs
+    under `executable` instead of /bin/sh (`executable -c LINE`). Found on
+    PATH like a program, with the same errors."""
+    if not isinstance(executable, (str, bytes, os.PathLike)):
+        msg = f"executable must be a path (str, bytes or os.PathLike), not {type(executable).__name__}"
+        raise TypeError(msg)
+    program = os.fsdecode(executable)
+    if isinstance(command, str):
+        return [program, "-c", command], program
+    if not command:
+        msg = "the command is empty"
+        raise ValueError(msg)
+    return [program, *command[1:]], command[0]
+
+
 def given_name(command: str | list[str], argv: Sequence[str]) -> str:
     """The command's argv[0] as the caller gave it (resolve_argv puts the
     program's path in its place)."""
@@ -320,9 +338,11 @@ def spawn(
     keeper: bool = True,
     keeper_grace: float = 2.0,
     pass_fds: Sequence[int] = (),
+    executable: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], Spawned]:
-    """Spawn `command` into a new domain; return its argv and what was made.
-    Raises before anything is left running."""
+    """Spawn `command` into a new domain; return its argv and what was made
+    (with `executable`, see with_executable). Raises before anything is
+    left running."""
     check_max_output(max_output)
     passed = check_pass_fds(pass_fds, domain)
     if stdout == STDOUT:
@@ -332,6 +352,9 @@ def spawn(
     child_env = child_environment(env, COOKIE_VAR, census.value)
     command = normalize_command(command)
     cwd = check_cwd(cwd)
+    name: str | None = None
+    if executable is not None:
+        command, name = with_executable(command, executable)
     argv = resolve_argv(command, cwd, exec_path(env))
     own_domain = make_domain(domain)
     if subreaper:
@@ -351,7 +374,7 @@ def spawn(
             targets["stderr"] = "merged into stdout"
         else:
             err_fd = _output_fd("stderr", stderr, pipes, targets, parent_fds, child_fds)
-        program, spawn_argv = own_domain.command_line(argv, given_name(command, argv))
+        program, spawn_argv = own_domain.command_line(argv, name or given_name(command, argv))
         mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
         try:
             leader = Leader.spawn(
