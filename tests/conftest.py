@@ -29,6 +29,14 @@ from trio_procown.pytest_plugin import COOKIE_ENV
 MARKER_VAR = "PROCOWN_TEST_MARKER"
 MARKER = os.environ.setdefault(MARKER_VAR, f"procown-test-{uuid.uuid4().hex}")
 
+# A PATH inherited from another user (su without a login shell keeps root's)
+# may name folders we cannot search, and exec then says EACCES, not ENOENT,
+# for a name found nowhere (as execvp and subprocess do; tested on its own in
+# test_command.py::test_a_name_not_found_reports_what_execvp_would). The
+# tests that expect "not found" run on the folders we can search.
+_FOLDERS = os.environ.get("PATH", os.defpath).split(os.pathsep)
+os.environ["PATH"] = os.pathsep.join(folder for folder in _FOLDERS if os.access(folder or ".", os.X_OK))
+
 # Hypothesis profiles. "ci", loaded unless HYPOTHESIS_PROFILE names another
 # (so also whenever CI is set), is deterministic: a derandomized seed per test,
 # no example database, and the blob to replay a failure printed with it; a

@@ -482,6 +482,46 @@ def test_a_bare_name_is_found_as_execvp_finds_it(tmp_path: Path, monkeypatch: py
     assert on_path("prog", "", cwd=tmp_path / "b") is None
 
 
+def test_a_name_not_found_reports_what_execvp_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare name found nowhere raises what execvp(3) and subprocess
+    report: EACCES (PermissionError) when a folder on PATH could not be
+    searched or a file of that name cannot be run, even if another folder
+    said ENOENT or ENOTDIR; an error of another kind (a symlink loop)
+    stops the search with itself; ENOENT only when every folder said so.
+    procown timeout's status follows (126, not 127). Root may search any
+    folder, so the unsearchable one is an os.stat that answers EACCES."""
+    from trio_procown._spawn import resolve_argv
+    from trio_procown._timeout import exec_error
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    real_stat = os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if os.fspath(path).startswith(f"{locked}{os.sep}"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    name = "procown-nowhere"
+    folders = [str(tmp_path / "missing"), str(tmp_path / "file"), str(locked), str(tmp_path / "empty")]
+    path = os.pathsep.join(folders)
+    with pytest.raises(PermissionError) as denied:
+        resolve_argv([name], None, path)
+    assert denied.value.filename == str(locked / name)
+    assert denied.value.strerror == "Permission denied (not found on PATH; a folder on it cannot be searched)"
+    assert exec_error(name, {"PATH": path}) == errno.EACCES
+    with pytest.raises(OSError, match="while looking on PATH") as looped:
+        resolve_argv([name], None, os.pathsep.join([str(tmp_path / "loop" / "x"), str(locked)]))
+    assert looped.value.errno == errno.ELOOP
+    everywhere_enoent = os.pathsep.join(folders[:2] + folders[3:])
+    with pytest.raises(FileNotFoundError):
+        resolve_argv([name], None, everywhere_enoent)
+    assert exec_error(name, {"PATH": everywhere_enoent}) == errno.ENOENT
+
+
 async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
     """A path-like alone is one program; bytes and path-like arguments are
     decoded; any iterable is read once; a bytes cwd and a bytes-keyed PATH

@@ -204,13 +204,38 @@ def _said(code: int, why: str) -> str:
     return f"{os.strerror(code)} ({why})"
 
 
+# What execvp(3) (glibc's) does with a bare name, folder by folder: EACCES
+# (a folder we may not search, a file we may not execute, a folder of that
+# name) is remembered and reported if no later folder has the program;
+# these errors go on to the next folder; any other stops the search with
+# itself. Python's subprocess reports the same (the first error other than
+# ENOENT and ENOTDIR), and GNU timeout exits 126 for EACCES, 127 for ENOENT.
+_NEXT_FOLDER = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENODEV, errno.ETIMEDOUT})
+
+
 def _not_on_path(exe: str, path: str | None, cwd: str | os.PathLike[str] | None) -> NoReturn:
-    """Raise what exec would for a name not found on PATH: PermissionError if
-    a file of that name is there but cannot be run (as execvp reports
-    EACCES), FileNotFoundError otherwise."""
+    """Raise what exec would for a name not found on PATH (see
+    _NEXT_FOLDER): PermissionError if a file of that name is there but
+    cannot be run, or a folder on PATH cannot be searched (as root, none
+    is unsearchable), FileNotFoundError if it is nowhere."""
+    denied: OSError | None = None
     for _, where in _on_path(exe, path, cwd):
-        if os.path.exists(where) and not os.path.isdir(where):
-            raise PermissionError(errno.EACCES, _said(errno.EACCES, "on PATH but not executable"), where)
+        try:
+            os.stat(where)
+        except OSError as exc:
+            code = exc.errno or errno.ENOENT
+            if code in _NEXT_FOLDER:
+                continue
+            if code != errno.EACCES:
+                raise OSError(code, _said(code, "while looking on PATH"), where) from None
+            why = "not found on PATH; a folder on it cannot be searched"
+            denied = denied or PermissionError(code, _said(code, why), where)
+            continue
+        # There, but a folder or not executable (or on_path had taken it).
+        why = "on PATH but not executable"
+        denied = denied or PermissionError(errno.EACCES, _said(errno.EACCES, why), where)
+    if denied is not None:
+        raise denied
     raise FileNotFoundError(errno.ENOENT, _said(errno.ENOENT, "executable not found on PATH"), exe)
 
 

@@ -60,7 +60,7 @@ from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._receipt import Action, Receipt
-from ._spawn import inherited_fds
+from ._spawn import exec_path, inherited_fds, resolve_argv
 
 NAME = "procown"  # in place of GNU's "timeout" at the start of each diagnostic
 EXIT_KILLED = SIGNAL_BASE + signal.SIGKILL  # 137
@@ -573,22 +573,17 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
 
 
 def exec_error(name: str, environ: Mapping[str, str] | None = None) -> int | None:
-    """The errno execvp(3) would fail with for `name` (ENOENT or EACCES),
-    found before anything is started; None when it can be executed."""
-    env = os.environ if environ is None else environ
-    if not name:
-        return errno.ENOENT  # execvp("") fails with ENOENT, as GNU reports it
-    if "/" in name:
-        candidates = [name]
-    else:
-        path = env.get("PATH", os.defpath)
-        candidates = [os.path.join(d or ".", name) for d in path.split(os.pathsep)]
-    denied = False
-    for candidate in candidates:
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return None
-        denied = denied or os.path.exists(candidate)
-    return errno.EACCES if denied else errno.ENOENT
+    """The errno execvp(3) would fail with for `name` (ENOENT, EACCES,
+    ENOTDIR, ...), found before anything is started by the spawn's own
+    lookup (_spawn.resolve_argv); None when it can be executed (a file
+    without `#!` included: see _run)."""
+    try:
+        resolve_argv([name], None, exec_path(environ))
+    except OSError as exc:
+        return exc.errno or errno.ENOENT
+    except ValueError:  # an embedded NUL: no such file
+        return errno.ENOENT
+    return None
 
 
 def _failed_to_run(name: str, code: int) -> Ending:
