@@ -674,10 +674,6 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-@pytest.mark.skipif(
-    sys.version_info[:2] == (3, 12),
-    reason="CPython 3.12 keeps its immortal objects frozen: a crowd leaves the heap alone (see test_mass.py)",
-)
 async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,8 +1,17 @@
 """Run external commands from Trio so that each invocation owns everything it
 starts, tears it all down within a bound, and leaves a receipt."""
 
+import gc as _gc
 import importlib
+import sys as _sys
 from typing import TYPE_CHECKING, Any
+
+# What the collector held frozen when the package was first imported: on
+# CPython 3.12, the interpreter's own immortal objects, not the program's
+# (see _mass.py). Read here, at the first import, rather than when the
+# library's modules load on first use, which may come after the program
+# froze its heap.
+_FROZEN_AT_IMPORT = _gc.get_freeze_count() if _sys.version_info[:2] == (3, 12) else 0
 
 if TYPE_CHECKING:
     from ._census import COOKIE_VAR as COOKIE_VAR

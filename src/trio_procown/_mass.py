@@ -94,6 +94,8 @@ from collections.abc import Callable
 
 import trio
 
+from . import _FROZEN_AT_IMPORT
+
 # At most this many teardowns under way: signals go from the loop (see above).
 INLINE_MAX = 8
 # In a burst, how many teardowns pace() lets go on per batch of the loop.
@@ -209,13 +211,28 @@ def _maybe_freeze() -> None:
             _frozen_at = time.monotonic()
 
 
+# CPython 3.12's collector itself moves the interpreter's immortal objects
+# into the permanent generation (its update_refs() does so for each one it
+# meets: 375 tuples on 3.12.1, there from start-up on, and back after each
+# full collection following a gc.unfreeze()), so there the freeze count is
+# never 0 and a burst would always take the heap for the program's. What
+# was frozen when the package was first imported (trio_procown's
+# __init__) is counted as the interpreter's: a program that freezes its heap
+# later (a pre-fork server, after its imports) is seen, as elsewhere; one
+# that froze it before importing us is taken for the interpreter, and its
+# freeze ends with our burst's (a cost of memory shared with its forks,
+# never of correctness). Other versions start with none frozen, and there
+# anything frozen is the program's.
+_INTERPRETERS = _FROZEN_AT_IMPORT
+
+
 def _freeze_unless_foreign() -> bool:
     """gc.freeze(), unless the program froze its heap itself; True if frozen.
     Called only while we hold no freeze: the program is asked once per busy
     period (gc.get_freeze_count() walks the frozen heap)."""
     global _foreign
     if _foreign is None:
-        _foreign = gc.get_freeze_count() > 0
+        _foreign = gc.get_freeze_count() > _INTERPRETERS
     if _foreign:
         return False
     gc.freeze()
