@@ -18,8 +18,10 @@ processes stay visible to the plugin where cgroups are unavailable.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -81,6 +83,17 @@ def marked_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def py(code: str) -> list[str]:
     """A command running `code` in a fresh interpreter, tagged with the marker."""
     return [sys.executable, "-c", code, MARKER]
+
+
+@pytest.fixture
+def sigchld_ignored() -> Iterator[None]:
+    """The program ignores SIGCHLD, as some daemons do: the kernel reaps each
+    of its children as it exits, and nobody can read their exit status."""
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, old)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -752,3 +752,35 @@ async def test_a_bad_executable_raises_before_anything_runs(tmp_path: Path) -> N
         await trio_procown.run_owned([], executable="sh")
     with pytest.raises(TypeError, match="executable must be a path"):
         await trio_procown.run_owned(["sh"], executable=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("sigchld_ignored")
+async def test_a_program_that_ignores_sigchld_gets_its_command_back(domain: str) -> None:
+    """With SIGCHLD ignored the kernel reaps the leader at its exit: the block still ends when
+    it exits (it waited for ever), returncode 0 as subprocess says, and the receipt says the
+    status was lost instead of claiming status 0; the domain's rest is still torn down."""
+    with trio.fail_after(10):
+        result = await trio_procown.run_owned(["sh", "-c", "sleep 30 & echo pid $!; exit 3"], domain=domain)
+    r = result.receipt
+    (grandchild,) = pids_in(result.stdout)
+    assert (result.returncode, r.cause, r.domain_empty) == (0, "exited", True)
+    reap = [s for s in r.steps if s.action is trio_procown.Action.REAP and s.target == "leader"]
+    assert [s.outcome for s in reap] == ["status lost"]
+    assert "nobody could read" in r.claims()[0]
+    assert "status 0" not in r.claims()[0]
+    assert not alive(grandchild)
+
+
+@pytest.mark.usefixtures("sigchld_ignored")
+async def test_a_program_that_ignores_sigchld_keeps_its_timeout(domain: str) -> None:
+    """A timeout with SIGCHLD ignored: the leader, reaped by the kernel once signalled, no
+    longer holds the group or the cgroup open, and the teardown still finds them empty."""
+    with trio.fail_after(10):
+        result = await trio_procown.run_owned(
+            ["sh", "-c", "sleep 30 & echo pid $!; echo ready; sleep 30"], domain=domain, timeout=0.5
+        )
+    r = result.receipt
+    (grandchild,) = pids_in(result.stdout)
+    assert (r.cause, r.domain_empty, r.forced) == ("timed_out", True, False)
+    assert "nobody could read" in " ".join(r.claims())
+    assert not alive(grandchild)

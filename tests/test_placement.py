@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -327,6 +328,20 @@ def fresh_spawner(trusted: Path) -> Iterator[Path]:
         yield trusted
     finally:
         _placement.compiled_spawner.cache_clear()
+
+
+def test_a_trial_of_the_spawner_works_when_the_status_is_lost() -> None:
+    """A trial's exit status cannot be read when the program ignores SIGCHLD: the spawner that
+    ran the program still counts as working (no rebuild in every such process)."""
+    path = _placement.compiled_spawner()
+    if path is None:
+        pytest.skip("no spawner on this machine")
+    assert _placement.spawner_trial("/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == 7
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert _placement.spawner_trial("/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == _placement.STATUS_LOST
+    finally:
+        signal.signal(signal.SIGCHLD, old)
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o1777], ids=["group", "sticky"])

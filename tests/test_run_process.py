@@ -597,3 +597,16 @@ def test_a_closed_stdin_or_stdout_of_ours_is_not_handed_on() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code, MARKER], capture_output=True, timeout=60, check=True)
     assert done.stdout.decode().split() == ["/dev/null", "/dev/null"], done.stderr
+
+
+@pytest.mark.usefixtures("sigchld_ignored")
+async def test_wait_returns_when_the_kernel_reaped_the_process() -> None:
+    """trio's own case (test_wait_reapable_fails): with SIGCHLD ignored, a killed process's
+    wait() returns, with returncode 0 since its status is unknowable, as trio and subprocess say."""
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(partial(run_process, ["sleep", "3600", MARKER], check=False))
+        assert isinstance(proc, trio.Process)  # registered as a virtual subclass
+        proc.kill()
+        with trio.fail_after(5):
+            assert await proc.wait() == 0
+    assert proc.returncode == 0

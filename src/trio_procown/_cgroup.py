@@ -135,12 +135,12 @@ def spawn_costs() -> dict[str, float] | None:
 
     def one(cgroup_fd: int) -> float:
         start = time.perf_counter()
-        pid, pidfd, _ = spawn_into("/bin/true", ["/bin/true"], env, "/", (null, null, null), cgroup_fd)
+        _pid, pidfd, _ = spawn_into("/bin/true", ["/bin/true"], env, "/", (null, null, null), cgroup_fd)
         took = time.perf_counter() - start
         try:
             if not _pidfd.wait_all_exited([pidfd], _COST_WAIT):
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            _pidfd.reap_exited(pidfd)
         finally:
             os.close(pidfd)
         return took
@@ -221,14 +221,14 @@ def spawns_into(root: str) -> bool:
 
 def _spawner_enters(probe: str) -> bool:
     """The spawner starts a process inside the cgroup `probe` (and it ran)."""
-    from ._placement import compiled_spawner, spawner_trial
+    from ._placement import STATUS_LOST, compiled_spawner, spawner_trial
 
     if compiled_spawner() is None:
         return False
     try:
         cgroup_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            return spawner_trial("/bin/true", ["true"], cgroup_fd, 5) == 0
+            return spawner_trial("/bin/true", ["true"], cgroup_fd, 5) in (0, STATUS_LOST)
         finally:
             os.close(cgroup_fd)
     except OSError:  # CloneRefused included: the shim is tried instead

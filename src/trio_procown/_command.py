@@ -334,7 +334,8 @@ class OwnedCommand:
                 run.signal_domain(signal.SIGUSR1)
         """
         sigs = graceful_signals(sig)
-        if self.phase.value == "done" or self._leader.reaped:
+        leader = self._leader
+        if self.phase.value == "done" or (leader.reaped and not leader.lost):
             return False
         sent = self._spawned.domain.signal_graceful(sigs)
         self._teardown.signal_step("domain", Sent(sent.detail + BY_THE_CALLER, sent.failed), sigs)
@@ -441,15 +442,16 @@ class OwnedCommand:
             return
         teardown = self._teardown
         code = self._leader.poll()
+        status = "exit status lost (reaped by someone else)" if self._leader.lost else f"returncode {code}"
         if self._custom_stop:
             # The caller stopped it its own way first (begin_stop): the
             # owned teardown follows, for whatever of the domain is left.
             assert self._stop_cause is not None
             if code is not None:
-                teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited after the caller's stop")
+                teardown.step(Action.EXIT, "leader", status, "exited after the caller's stop")
             teardown.machine.handle(Event.STOP, cause=self._stop_cause)
         elif not teardown.signalled_early and (exited or (code is not None and self._stop_cause is None)):
-            teardown.step(Action.EXIT, "leader", f"returncode {code}", "exited")
+            teardown.step(Action.EXIT, "leader", status, "exited")
             teardown.machine.handle(Event.LEADER_EXITED)
         else:
             cause: Cause = self._stop_cause or "timed_out"

@@ -253,9 +253,15 @@ class ProcessGroupDomain(Domain):
     def _killpg(self, sig: int) -> bool:
         # The leader is unreaped for the whole teardown (see module comment),
         # so the id cannot have been recycled; still refuse our own group.
+        # A leader reaped by someone else (lost: the program ignores
+        # SIGCHLD, say) no longer holds it, but each member left in the
+        # group does: the id is handed out again only once the group is
+        # empty and the pid counter has gone round pid_max since, so its
+        # members are still signalled.
         # Raises OSError (EPERM, ...) for the caller to record.
-        assert self.leader is not None
-        return killpg_owned(self.pgid, sig) if not self.leader.reaped else False
+        leader = self.leader
+        assert leader is not None
+        return killpg_owned(self.pgid, sig) if not leader.reaped or leader.lost else False
 
     def _send_group(self, sigs: tuple[int, ...]) -> Sent:
         detail = f"{signal_names(sigs)} to process group {self.pgid}"

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _pidfd, _placement, _procfs
+from ._pidfd import status_to_returncode
 from ._placement import CloneRefused
 
 # Leaders that were still alive when their teardown ended (a process we may
@@ -48,13 +49,6 @@ def reap_deferred() -> None:
                 os.close(fd)
 
 
-def status_to_returncode(si_code: int, si_status: int) -> int:
-    """Map a waitid() result to subprocess's convention (-N for signal N)."""
-    if si_code == os.CLD_EXITED:
-        return si_status
-    return -si_status
-
-
 class Leader:
     """The spawned direct process, held unreaped until `reap()`."""
 
@@ -70,6 +64,11 @@ class Leader:
         self.pidfd = _pidfd.open_pidfd(self.pid) if pidfd is None else pidfd
         self.returncode: int | None = None
         self.reaped = False
+        # Reaped by someone else before us: the kernel, when the program
+        # ignores SIGCHLD (or set SA_NOCLDWAIT), or a wait for any child in
+        # the program. Its exit status is lost; returncode says 0 then, as
+        # subprocess and trio say, and the receipt says it is unknown.
+        self.lost = False
         self._start: int | None = start or None  # known from the spawn (0: read when asked)
         self.mark: _procfs.PidMark | None = None  # the pid counter before the spawn
 
@@ -162,6 +161,15 @@ class Leader:
             else:
                 res = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
+            # Not our child any more (see `lost`): it has terminated, and
+            # its pid may already be another process's, so it is never
+            # waited for or signalled by pid again.
+            if self.returncode is None:
+                self.returncode = 0
+                self.lost = True
+                self.reaped = True
+                if self.popen is not None:
+                    self.popen.returncode = 0
             return self.returncode
         if res is None or res.si_pid == 0:
             return None
@@ -202,6 +210,8 @@ class Leader:
         stays with subprocess's own bookkeeping, which reaps it later.
         """
         if self.reaped:
+            if self.lost:
+                self.close()  # nothing to reap: someone else did (see `lost`)
             return True
         if self.poll() is None:
             return False
@@ -220,6 +230,11 @@ class Leader:
         """Give up on reaping now: the leader outlived its teardown. It is
         reaped at a later spawn (see _DEFERRED), not by Popen."""
         if self.reaped:
+            if self.lost and self.pidfd is not None:
+                # A signal may still be under way through its pidfd: it is
+                # closed at a later spawn, as a deferred leader's is.
+                _DEFERRED[self.pid] = self.pidfd
+                self.pidfd = None
             return
         _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
         self.pidfd = None

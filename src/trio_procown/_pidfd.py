@@ -66,6 +66,28 @@ async def wait_exited(pidfd: int) -> None:
     await trio.lowlevel.wait_readable(pidfd)
 
 
+def status_to_returncode(si_code: int, si_status: int) -> int:
+    """Map a waitid() result to subprocess's convention (-N for signal N)."""
+    if si_code == os.CLD_EXITED:
+        return si_status
+    return -si_status
+
+
+def reap_exited(pidfd: int) -> int | None:
+    """Reap our child behind `pidfd`, which has exited (else this blocks
+    until it does): its returncode (-N for signal N), or None when someone
+    else reaped it first (the program ignores SIGCHLD, or waited for any
+    child). Through the pidfd, never the pid: a child reaped elsewhere
+    leaves its pid free for another of our children."""
+    try:
+        res = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    except ChildProcessError:
+        return None
+    if res is None:
+        return None
+    return status_to_returncode(res.si_code, res.si_status)
+
+
 def close(pidfd: int) -> None:
     """Close a pidfd that no task is waiting on any more (in a trio run or not)."""
     try:

@@ -741,24 +741,36 @@ def _readable_within(fd: int, timeout: float) -> bool:
     return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
 
 
+# A trial's status when the program ran and exited but its status could not
+# be read: the process ignores SIGCHLD (the kernel reaps its children), or
+# waited for any child. The spawn itself worked: a failed exec is reported
+# by the spawner before it returns.
+STATUS_LOST = 256
+
+
 def _trial(fn: Any, program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:
     """Run `program` through the spawner `fn` with no stdio, inside the
     cgroup open on `cgroup_fd` (-1: none), and wait at most `timeout` for it:
-    its exit status, or None when it had to be killed. Raises what the spawn
-    raises (CloneRefused, the exec's OSError)."""
+    its exit status (STATUS_LOST if it cannot be read), or None when it had
+    to be killed. Raises what the spawn raises (CloneRefused, the exec's
+    OSError)."""
+    from . import _pidfd  # (imports trio: only where a trial runs)
+
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        pid, pidfd, _ = _spawn_with(fn, program, argv, [], None, (null, null, null), cgroup_fd)
+        _pid, pidfd, _ = _spawn_with(fn, program, argv, [], None, (null, null, null), cgroup_fd)
     finally:
         os.close(null)
     try:
         ready = _readable_within(pidfd, timeout)
         if not ready:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        status = os.waitpid(pid, 0)[1]
+        code = _pidfd.reap_exited(pidfd)
     finally:
         os.close(pidfd)
-    return os.waitstatus_to_exitcode(status) if ready else None
+    if not ready:
+        return None
+    return STATUS_LOST if code is None else code
 
 
 def spawner_trial(program: str, argv: Sequence[str], cgroup_fd: int, timeout: float) -> int | None:
@@ -781,7 +793,7 @@ def _spawner_works(fd: int) -> bool:
         st, via = os.fstat(fd), os.stat(path)
         if (st.st_dev, st.st_ino) != (via.st_dev, via.st_ino):
             return False
-        return _trial(_function(path), "/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == 7
+        return _trial(_function(path), "/bin/sh", ["sh", "-c", "exit 7"], -1, 10) in (7, STATUS_LOST)
     except CloneRefused:
         return True
     except (OSError, AttributeError):

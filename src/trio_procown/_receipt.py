@@ -229,10 +229,14 @@ class Receipt:
         exit_step = self._first(Action.EXIT, "leader")
         signals = self._steps(Action.SIGNAL)
         first_signal = signals[0] if signals else None
+        reap = self._first(Action.REAP, "leader")
+        if reap is not None and reap.outcome == STATUS_LOST:
+            status = "an exit status nobody could read (it was reaped by someone else; 0 is reported)"
+        else:
+            status = _describe_status(self.returncode)
         if self.cause == "exited" and exit_step is not None:
             out.append(
-                f"The command (pid {self.pid}) exited by itself with "
-                f"{_describe_status(self.returncode)} at +{exit_step.at:.3f}s, "
+                f"The command (pid {self.pid}) exited by itself with {status} at +{exit_step.at:.3f}s, "
                 "before anything was signalled."
             )
         elif self.cause == "timed_out":
@@ -244,7 +248,7 @@ class Receipt:
         elif self.cause == "stopped":
             out.append(f"The command (pid {self.pid}) was stopped on request.")
         if self.cause != "exited" or exit_step is None:
-            out.append(f"Its direct process ended with {_describe_status(self.returncode)}.")
+            out.append(f"Its direct process ended with {status}.")
 
         placement = self._first(Action.SCAN, "placement")
         if placement is not None:
@@ -439,6 +443,10 @@ def _keeper_claim(state: KeeperState, note: str) -> str:
             f"of the domain at a later spawn or release of this process{why}. In between, {unguarded}"
         )
     return ""
+
+
+# The outcome of the leader's reap step when someone else reaped it first.
+STATUS_LOST = "status lost"
 
 
 def _describe_status(returncode: int | None) -> str:

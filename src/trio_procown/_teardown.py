@@ -60,6 +60,7 @@ from ._fates import Fates
 from ._procfs import ProcessTable, ProcInfo
 from ._receipt import (
     RAN_OUT,
+    STATUS_LOST,
     Action,
     OutputState,
     ProcessRecord,
@@ -675,6 +676,15 @@ class Teardown:
                 "leader",
                 "a signal to its domain may still be under way: reaped later, at a later spawn",
                 "not reaped",
+            )
+        elif leader.lost:
+            leader.reap()
+            self.step(
+                Action.REAP,
+                "leader",
+                "reaped by someone else (SIGCHLD ignored, or a wait for any child): its exit status "
+                "is unknown, and 0 is reported, as subprocess reports it",
+                STATUS_LOST,
             )
         elif leader.reap():
             self.step(Action.REAP, "leader", f"returncode {leader.returncode}")
