@@ -434,7 +434,7 @@ async def test_completed_process_carries_the_receipt_without_changing_equality_o
     ("options", "error"),
     [
         ({"preexec_fn": os.getpid}, TypeError),
-        ({"process_group": 0}, TypeError),
+        ({"process_group": 1}, TypeError),
         ({"start_new_session": False}, ValueError),
         ({"close_fds": False}, ValueError),
         ({"no_such_option": 1}, TypeError),
@@ -554,6 +554,16 @@ async def test_popen_defaults_spelled_out_are_accepted() -> None:
         await run_process(EXIT_TRUE, umask=0o077)
     with pytest.raises(TypeError, match="restore_signals"):
         await run_process(EXIT_TRUE, restore_signals=False)
+
+
+async def test_process_group_zero_is_honoured_by_the_commands_own_session() -> None:
+    """process_group=0 asks for a new group led by the command, as the
+    session it always starts in gives it: the command runs, its process
+    group id is its pid, and os.killpg(proc.pid, ...) reaches it."""
+    done = await run_process(
+        python("import os; print(os.getpgid(0) == os.getpid())"), process_group=0, capture_stdout=True
+    )
+    assert done.stdout == b"True\n"
 
 
 async def test_pass_fds_is_honoured() -> None:

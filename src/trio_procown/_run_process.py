@@ -55,7 +55,8 @@ from ._spawn import inheritable, normalize_command
 _REFUSED = {
     "preexec_fn": "it runs in the child before exec, where the command must already be in its domain "
     "(and it is unsafe with threads)",
-    "process_group": "the command always starts in a session and process group of its own",
+    "process_group": "the command always starts in a session and process group of its own, so only "
+    "process_group=0 (a group of its own, led by it) can be honoured",
     "user": "changing user is not supported by the owned spawn",
     "group": "changing group is not supported by the owned spawn",
     "extra_groups": "changing groups is not supported by the owned spawn",
@@ -271,6 +272,8 @@ def _check_options(options: dict[str, object]) -> None:
 
 def _is_default(key: str, value: object) -> bool:
     default = _POPEN_DEFAULTS[key]
+    if key == "process_group" and type(value) is int and value == 0:
+        return True  # a new group led by the command: its own session gives it that
     return value is default or (type(value) is type(default) and value == default)
 
 
