@@ -27,7 +27,7 @@ import functools
 import os
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -53,8 +53,7 @@ def describe_error(exc: OSError) -> str:
     return f"{name} ({exc.strerror or exc})"
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
+class Sent(NamedTuple):
     """What one signalling action of the teardown did, and what the OS
     refused (`failed`, "" when nothing was). A refusal never stops the
     teardown: it becomes evidence in the receipt."""

@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import enum
 import signal
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:  # annotations only: the pytest plugin imports this module at start-up
     from ._receipt import Cause, OutputState
@@ -110,8 +109,7 @@ class IllegalTransition(RuntimeError):
     """An event arrived that the current state does not accept."""
 
 
-@dataclass(frozen=True, slots=True)
-class Budgets:
+class Budgets(NamedTuple):
     grace: float
     kill_wait: float
     drain_wait: float

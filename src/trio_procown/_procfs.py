@@ -78,7 +78,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -230,8 +230,7 @@ EXEC_RETRIES = 200
 DIRECT_PROBE_MAX = 64
 
 
-@dataclass(frozen=True, slots=True)
-class ProcInfo:
+class ProcInfo(NamedTuple):
     """One row of the process table, as far as the teardown cares."""
 
     pid: int

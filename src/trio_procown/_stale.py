@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import _keeper
 
@@ -84,8 +84,7 @@ def owner_gone(pid: int, start: int) -> bool:
     return row.zombie or row.start != start
 
 
-@dataclass(frozen=True, slots=True)
-class StaleDomain:
+class StaleDomain(NamedTuple):
     """A procown-* cgroup whose owner is gone."""
 
     path: str
