@@ -360,6 +360,24 @@ async def test_phase_goes_running_tearing_down_done(domain: str) -> None:
     assert seen == ["running", "tearing down", "done"]
 
 
+async def test_phase_asked_for_late_says_where_the_command_is(domain: str) -> None:
+    """run.phase is made on first use: asked for only after the command
+    ended, it says "done" at once, and a program that never asks for it
+    runs commands without importing trio_util."""
+    async with trio_procown.open_owned_command("exit 0", domain=domain) as run:
+        await run.wait()
+    assert run.phase.value == "done"
+    with trio.fail_after(5):
+        await run.phase.wait_value("done")
+    code = (
+        "import sys, trio, trio_procown\n"
+        f"trio.run(lambda: trio_procown.run_owned(['true'], domain={domain!r}))\n"
+        "assert 'trio_util' not in sys.modules\n"
+    )
+    done = await trio.run_process([sys.executable, "-c", code], check=False, capture_stderr=True)
+    assert done.returncode == 0, done.stderr.decode()
+
+
 async def test_receipt_to_dict_is_json_ready(domain: str) -> None:
     """to_dict() round-trips through JSON with the documented keys."""
     import json

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, final
 
 import trio
-from trio_util import AsyncValue
 
 from . import _mass
 from ._census import EscapeePolicy
@@ -56,6 +55,8 @@ from ._stdin import StdinSource
 from ._teardown import TEARDOWN_ALLOWANCE, Teardown
 
 if TYPE_CHECKING:
+    from trio_util import AsyncValue
+
     from ._handoff import HandoffReceipt
     from ._service import ServiceOwner
 
@@ -105,7 +106,8 @@ class OwnedCommand:
             msg = "use trio_procown.open_owned_command() to start a command"
             raise TypeError(msg)
         self.command = command
-        self.phase: AsyncValue[Phase] = AsyncValue("running")
+        self._phase_now: Phase = "running"
+        self._phase: AsyncValue[Phase] | None = None  # made on first use: see phase
         self.receipt: Receipt | None = None
         self.handoff: HandoffReceipt | None = None
         self._spawned = spawned
@@ -122,6 +124,23 @@ class OwnedCommand:
         self._done = trio.Event()
 
     # -- public surface -------------------------------------------------------
+    @property
+    def phase(self) -> AsyncValue[Phase]:
+        """Where the command is: "running", "tearing down", then "done", as
+        a trio_util.AsyncValue (`await run.phase.wait_value("done")`). Made
+        on first use: only programs that ask for it import trio_util (~4 ms
+        at start-up)."""
+        if self._phase is None:
+            from trio_util import AsyncValue
+
+            self._phase = AsyncValue(self._phase_now)
+        return self._phase
+
+    def _set_phase(self, phase: Phase) -> None:
+        self._phase_now = phase
+        if self._phase is not None:
+            self._phase.value = phase
+
     @property
     def pid(self) -> int:
         """The pid of the direct process (the domain's leader)."""
@@ -209,8 +228,8 @@ class OwnedCommand:
         if self.handoff is not None:
             msg = f"pid {self.pid} was already handed off to {self.handoff.to_owner}"
             raise HandoffError(msg)
-        if self._done.is_set() or self._stop_cause is not None or self.phase.value != "running":
-            msg = f"pid {self.pid} is no longer running ({self.phase.value}); nothing to hand off"
+        if self._done.is_set() or self._stop_cause is not None or self._phase_now != "running":
+            msg = f"pid {self.pid} is no longer running ({self._phase_now}); nothing to hand off"
             raise HandoffError(msg)
         owner.check_open()
         with trio.CancelScope(shield=True):  # bounded: the tasks stop at once
@@ -219,7 +238,7 @@ class OwnedCommand:
             self._life_scope.cancel()
             await self._supervisor_stopped.wait()
             self._relocating = False
-            if self._done.is_set() or self.phase.value != "running":
+            if self._done.is_set() or self._phase_now != "running":
                 msg = f"pid {self.pid} ended during the handoff; see its receipt"
                 raise HandoffError(msg)
             for drain in self._spawned.drains.values():
@@ -335,7 +354,7 @@ class OwnedCommand:
         """
         sigs = graceful_signals(sig)
         leader = self._leader
-        if self.phase.value == "done" or (leader.reaped and not leader.lost):
+        if self._phase_now == "done" or (leader.reaped and not leader.lost):
             return False
         sent = self._spawned.domain.signal_graceful(sigs)
         self._teardown.signal_step("domain", Sent(sent.detail + BY_THE_CALLER, sent.failed), sigs)
@@ -361,11 +380,11 @@ class OwnedCommand:
         owners: a service owner, the block, a CLI relaying a signal it got;
         most code calls terminate()). `first_signal` replaces the graceful
         stage's signal for this teardown, if it has not started yet."""
-        if first_signal is not None and self.phase.value == "running":
+        if first_signal is not None and self._phase_now == "running":
             self._teardown.machine.graceful = graceful_signals(first_signal)
         if self._stop_cause is None:
             self._stop_cause = cause
-        if self._teardown.requested is None and self.phase.value == "running":
+        if self._teardown.requested is None and self._phase_now == "running":
             # The teardown's bound counts from now, however late its task runs.
             self._teardown.ask(trio.current_time())
         _mass.wake_soon(self._life_scope.cancel)
@@ -461,9 +480,9 @@ class OwnedCommand:
                 teardown.requested = min(self._deadline, trio.current_time())
             teardown.step(Action.STOP, "leader", cause, at=teardown.requested)
             teardown.machine.handle(Event.STOP, cause=cause)
-        self.phase.value = "tearing down"
+        self._set_phase("tearing down")
         self.receipt = await teardown.run()
-        self.phase.value = "done"
+        self._set_phase("done")
         self._done.set()
         self._supervisor_stopped.set()
 
