@@ -17,6 +17,7 @@ processes stay visible to the plugin where cgroups are unavailable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -85,8 +86,8 @@ def py(code: str) -> list[str]:
     return [sys.executable, "-c", code, MARKER]
 
 
-@pytest.fixture
-def sigchld_ignored() -> Iterator[None]:
+@contextlib.contextmanager
+def ignoring_sigchld() -> Iterator[None]:
     """The program ignores SIGCHLD, as some daemons do: the kernel reaps each
     of its children as it exits, and nobody can read their exit status."""
     old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -94,6 +95,13 @@ def sigchld_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGCHLD, old)
+
+
+@pytest.fixture
+def sigchld_ignored() -> Iterator[None]:
+    """ignoring_sigchld() for a whole test."""
+    with ignoring_sigchld():
+        yield
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import py
+from conftest import ignoring_sigchld, py
 from trio_procown import _placement
 
 pytestmark = [
@@ -337,11 +337,8 @@ def test_a_trial_of_the_spawner_works_when_the_status_is_lost() -> None:
     if path is None:
         pytest.skip("no spawner on this machine")
     assert _placement.spawner_trial("/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == 7
-    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    try:
+    with ignoring_sigchld():
         assert _placement.spawner_trial("/bin/sh", ["sh", "-c", "exit 7"], -1, 10) == _placement.STATUS_LOST
-    finally:
-        signal.signal(signal.SIGCHLD, old)
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o1777], ids=["group", "sticky"])
@@ -577,7 +574,6 @@ def test_handled_signals_are_reset_and_ignored_ones_stay_ignored(
     a signal we handle is at its default, one we ignore stays ignored, SIGPIPE and SIGXFSZ are
     at their defaults, nothing is blocked."""
     import ctypes
-    import signal
 
     path = _placement.compiled_spawner()
     assert path is not None

@@ -229,12 +229,10 @@ class Leader:
     def defer(self) -> None:
         """Give up on reaping now: the leader outlived its teardown. It is
         reaped at a later spawn (see _DEFERRED), not by Popen."""
-        if self.reaped:
-            if self.lost and self.pidfd is not None:
-                # A signal may still be under way through its pidfd: it is
-                # closed at a later spawn, as a deferred leader's is.
-                _DEFERRED[self.pid] = self.pidfd
-                self.pidfd = None
+        # A lost leader (see `lost`) is reaped already, but a signal may
+        # still be under way through its pidfd: the pidfd is handed over
+        # too, and closed at a later spawn.
+        if self.reaped and not (self.lost and self.pidfd is not None):
             return
         _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
         self.pidfd = None
