@@ -529,6 +529,117 @@ def test_a_process_a_broader_fixture_holds_is_not_a_tests_leak(
     assert recorded.alive() == []
 
 
+# A library's process-wide helper, as jedi keeps its inference subprocess:
+# a module-level cache -> an object -> its memo dict -> the Popen, started
+# by the first call and reused by every later one, ended at exit.
+HELPER_LIB = """
+import atexit, subprocess
+
+class Helper:
+    def __init__(self):
+        self._memo = {}
+
+    def process(self, start):
+        if "proc" not in self._memo:
+            self._memo["proc"] = start()
+            atexit.register(self._memo["proc"].kill)
+        return self._memo["proc"]
+
+_CACHE = {}
+
+def helper(start):
+    return _CACHE.setdefault("helper", Helper()).process(start)
+"""
+
+USES_HELPER = """
+def start():
+    proc = subprocess.Popen(["sleep", "30"])
+    record(proc.pid)
+    return proc
+
+def test_first():
+    assert helper(start).poll() is None
+
+def test_second():
+    assert helper(start).poll() is None
+"""
+
+
+@pytest.mark.parametrize("holder", ["library", "test module"])
+def test_a_process_a_librarys_module_holds_is_not_a_tests_leak(
+    pytester: pytest.Pytester, recorded: Recorded, holder: str
+) -> None:
+    """A process a library keeps in its module globals (jedi's helper) is
+    the pytest process's, as multiprocessing's forkserver is: not the
+    first test's leak, and not killed under the second. The same cache in a
+    test module is the tests' own: the first test leaked it."""
+    if holder == "library":
+        pytester.makepyfile(helperlib=HELPER_LIB)
+        pytester.makepyfile(test_helper=_source(pytester, "from helperlib import helper\n" + USES_HELPER))
+    else:
+        pytester.makepyfile(test_helper=_source(pytester, HELPER_LIB + USES_HELPER))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail", "-p", "no:cacheprovider")
+    (pid,) = recorded.pids()
+    if holder == "library":
+        result.assert_outcomes(passed=2)
+        assert result.ret == pytest.ExitCode.OK
+        result.stdout.no_fnmatch_line("*left * process(es) running*")
+        result.stdout.fnmatch_lines(
+            [
+                "still running, a library's helper (the library's to end at exit): "
+                f"pid {pid} (a subprocess.Popen held by module helperlib, not by the tests)"
+            ]
+        )
+    else:
+        result.assert_outcomes(passed=1, failed=1, errors=1)
+        result.stdout.fnmatch_lines(
+            ["*ERROR at teardown of test_first*", f"*pid {pid}: sleep 30", "*fate: terminated"]
+        )
+    assert recorded.alive() == []  # ended at the inner run's exit, or by the plugin
+
+
+def test_a_handle_the_tests_still_hold_is_their_leak(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """A leaked process whose handle is still alive is spared only when the
+    run's tests do not hold it: a failed test's local (its frame is kept by
+    the traceback), a test class's attribute, and a trio.Process left in a
+    finished trio.run (garbage, collected first) are all still leaks."""
+    body = """
+import trio
+
+def test_fails_holding_it():
+    proc = subprocess.Popen(["sleep", "30"])
+    record(proc.pid)
+    assert False, "boom"
+
+class TestServer:
+    server = None
+
+    def test_keeps_it_in_the_class(self):
+        TestServer.server = subprocess.Popen(["sleep", "30"])
+        record(TestServer.server.pid)
+
+def test_trio_process_never_waited():
+    async def main():
+        proc = await trio.lowlevel.open_process(["sleep", "30"])
+        record(proc.pid)
+
+    trio.run(main)
+"""
+    pytester.makepyfile(test_held=_source(pytester, body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail", "-p", "no:cacheprovider", "-W", "ignore")
+    result.assert_outcomes(passed=2, failed=1, errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_fails_holding_it*",
+            "*ERROR at teardown of TestServer.test_keeps_it_in_the_class*",
+            "*ERROR at teardown of test_trio_process_never_waited*",
+        ],
+        consecutive=False,
+    )
+    result.stdout.no_fnmatch_line("*not by the tests*")
+    assert recorded.alive() == []
+
+
 def test_what_a_held_process_starts_is_the_holders_too(pytester: pytest.Pytester, recorded: Recorded) -> None:
     """execnet's proxy gateway: a process a session fixture holds starts a
     child inside a test's window. The child is the holder's as well (not

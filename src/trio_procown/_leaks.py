@@ -67,6 +67,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import secrets
@@ -443,6 +444,112 @@ def held_processes(value: object, depth: int = 4) -> dict[int, str]:
                 continue
         level = below
     return found
+
+
+# A library's process-wide helper. jedi starts one inference subprocess per
+# interpreter and keeps it (in a cache of one of its module's functions)
+# for every later call: killed as the first test's leak, it breaks every
+# later test that uses jedi. So a leaked process whose handle is still
+# alive after a garbage collection, and held by something other than the
+# run's tests, is spared: found by walking up from the handle through what
+# refers to it. A frame holding it is a test's (a failed test's frames are
+# kept by its traceback), and so is a namespace or class of a test module
+# or conftest; the standard library's modules are registries of what is
+# alive, not holders (subprocess._active keeps a Popen dropped while its
+# process runs, threading._active every thread, weakref.finalize its
+# callbacks), nor are pytest's or this library's; an object of pytest's
+# (a fixture's record, a test item) holding it makes it the tests'. Reaching another
+# module's namespace or class names the library; a walk that runs out of
+# referrer calls first (jedi's: its cache is many objects away) spares it
+# as held by an object in this process; one where every path up ends in a
+# registry does not (a handle the test dropped).
+_RUNNER_MODULES = frozenset({"_pytest", "pytest", "pluggy", "xdist", "execnet"})
+_REGISTRY_MODULES = frozenset(sys.stdlib_module_names) | _RUNNER_MODULES | {str(__package__)}
+_REFERRER_CALLS = 16  # gc.get_referrers() calls per handle, ~5-30 ms each
+NOT_THE_TESTS = ", not by the tests"  # ends the role of a process library_held spares
+
+
+def library_held(pids: Iterable[int], test_module: Callable[[str, str], bool]) -> dict[int, str]:
+    """Which of `pids` a live process handle held by other than the run's
+    tests stands for (see above): pid -> what holds it.
+    `test_module(name, file)` says whether a module is one of the run's
+    tests."""
+    wanted = set(pids)
+    kinds = _handle_types()
+    if not wanted or not kinds:
+        return {}
+    gc.collect()  # a handle dropped in a reference cycle (a finished trio.run's) is not held
+    handles: list[tuple[object, str, list[int]]] = []
+    for obj in gc.get_objects():
+        if isinstance(obj, kinds):
+            held = _held_by(obj)
+            if held is not None and wanted.intersection(held[1]):
+                handles.append((obj, held[0], [pid for pid in held[1] if pid in wanted]))
+    found: dict[int, str] = {}
+    for obj, what, held_pids in handles:
+        holder = _holder(obj, test_module, ignore=handles)
+        if holder:
+            found.update(dict.fromkeys(held_pids, f"{what} held by {holder}{NOT_THE_TESTS}"))
+    return found
+
+
+def _runners(obj: object) -> bool:
+    """Is `obj` an object of pytest's (a fixture's record, a test item)?"""
+    return str(getattr(type(obj), "__module__", "")).split(".")[0] in _RUNNER_MODULES
+
+
+def _handle_types() -> tuple[type, ...]:
+    """The classes _held_by recognises, of the modules imported so far."""
+    names = (
+        ("subprocess", "Popen"),
+        ("multiprocessing.process", "BaseProcess"),
+        ("asyncio.subprocess", "Process"),
+        ("trio", "Process"),
+        ("concurrent.futures.process", "ProcessPoolExecutor"),
+        ("multiprocessing.pool", "Pool"),
+    )
+    kinds = (getattr(sys.modules.get(module), name, None) for module, name in names)
+    return tuple(kind for kind in kinds if isinstance(kind, type))
+
+
+def _holder(handle: object, test_module: Callable[[str, str], bool], ignore: object) -> str:
+    """What holds `handle`, if not the run's tests (see above): "module
+    NAME"; "an object in this process" when the walk runs out of referrer
+    calls first; "" when it reaches the tests or every path up ends in a
+    registry (a dropped handle)."""
+    namespaces = {id(vars(mod)): name for name, mod in list(sys.modules.items()) if hasattr(mod, "__dict__")}
+
+    def kind(name: str) -> str:
+        module = sys.modules.get(name)
+        if test_module(name, str(getattr(module, "__file__", None) or "")):
+            return "test"
+        return "registry" if name.split(".")[0] in _REGISTRY_MODULES else "library"
+
+    frontier = [handle]
+    seen = {id(handle), id(ignore), id(frontier)}
+    for _ in range(_REFERRER_CALLS):
+        if not frontier:
+            return ""
+        referrers = gc.get_referrers(frontier.pop(0))
+        seen.add(id(referrers))
+        for referrer in referrers:
+            if id(referrer) in seen:
+                continue
+            seen.add(id(referrer))
+            if isinstance(referrer, FrameType) or _runners(referrer):
+                return ""  # a test's frame (or a running thread's), pytest's record of a fixture
+            name = namespaces.get(id(referrer))
+            if name is None and isinstance(referrer, type):
+                name = str(getattr(referrer, "__module__", "") or "")  # a class attribute: its module's
+            if name is None:
+                frontier.append(referrer)
+                continue
+            found = kind(name)
+            if found == "test":
+                return ""
+            if found == "library":
+                return f"module {name}"
+    return "an object in this process" if frontier else ""
 
 
 def runner_helpers() -> dict[int, str]:
@@ -871,15 +978,16 @@ class Watch:
         self,
         keep: bool,
         exclude: Exclude | None = None,
-        spare: Callable[[], Mapping[int, str]] | None = None,
+        spare: Callable[[list[int]], Mapping[int, str]] | None = None,
     ) -> list[LeakedProcess]:
         """Find the leaks of this closed window and (unless `keep`) stop
-        them, and anything they started meanwhile. Processes that `spare()`
-        names (pid -> what they are) are not leaks: they go to `spared` and
-        leave the window's cgroup for the enclosing one."""
+        them, and anything they started meanwhile. Processes that
+        `spare(pids of the leaks)` names (pid -> what they are) are not
+        leaks: they go to `spared` and leave the window's cgroup for the
+        enclosing one."""
         leaks = _settled(self.find(exclude))
         if spare is not None and leaks:
-            owners = dict(spare())
+            owners = dict(spare([leak.pid for leak in leaks]))
             # What a spared process started is the holder's too (execnet's
             # proxy gateway: a child of a gateway a session fixture holds).
             grown = True
@@ -987,7 +1095,7 @@ class NoLeaks:
     def _settle(self) -> list[LeakedProcess]:
         watch = self._watch
         assert watch is not None
-        leaks = watch.sweep(self.keep, spare=runner_helpers)
+        leaks = watch.sweep(self.keep, spare=lambda found: runner_helpers())
         watch.release()
         return leaks
 

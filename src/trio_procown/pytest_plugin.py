@@ -19,8 +19,10 @@
 # first submitted; a function fixture may start one into a session
 # fixture's registry), so a test's window spares the workers of pools and
 # the processes of Popen-like handles that a broader fixture holds (its
-# value, or four levels into it), what those start in the window, and
-# multiprocessing's helpers of this process. When the plugin is on for the
+# value, or four levels into it), the processes of live handles held by
+# other than the run's tests (a library's process-wide helper: jedi's
+# inference subprocess; _leaks.library_held), what those start in the
+# window, and multiprocessing's helpers of this process. When the plugin is on for the
 # whole run, a session window (sessionstart to sessionfinish) checks what
 # broader fixtures, collection, hooks and spared pools leave behind, and
 # fails the run in fail mode. Under pytest-xdist the controller holds the
@@ -31,7 +33,9 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
+import os
 import sys
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -170,15 +174,25 @@ class _State:
             keep = bool(marker.kwargs.get("keep", keep))
         return mode, keep
 
-    def spare(self) -> dict[int, str]:
-        """Processes a test's window must not blame on the test: pid -> what
-        they are (see the module comment)."""
-        from ._leaks import runner_helpers
+    def spare(self, found: list[int]) -> dict[int, str]:
+        """Processes a test's window must not blame on the test, of those
+        it `found` alive and those they may have started: pid -> what they
+        are (see the module comment)."""
+        from ._leaks import library_held, runner_helpers
 
-        owned = runner_helpers() | self.released
+        owned = library_held(found, self._test_module) | runner_helpers() | self.released
         for fixturedef in list(self.broader.values()):
             owned |= _processes_held(fixturedef)
         return owned
+
+    def _test_module(self, name: str, file: str) -> bool:
+        """Is the module `name` (loaded from `file`) one of the run's test
+        files or conftests? What they hold is the tests' own."""
+        base = os.path.basename(file)
+        if base == "conftest.py":
+            return True
+        patterns = self.config.getini("python_files") or ["test_*.py", "*_test.py"]
+        return any(fnmatch.fnmatch(base, str(pattern)) for pattern in patterns)
 
 
 def _scope_label(fixturedef: pytest.FixtureDef[Any]) -> str:
@@ -308,7 +322,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     state = session.config.stash.get(_STATE, None)
     if state is None or (state.session is None and state.current is None):
         return result  # (the plugin off: nothing imported)
-    from ._leaks import format_leaks, is_running
+    from ._leaks import NOT_THE_TESTS, format_leaks, is_running
 
     lines: list[str] = []
     # A test interrupted in its call (Ctrl-C) never reached its teardown
@@ -343,6 +357,14 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
         lines.append(format_leaks(watch.owner, leaks, watch.mechanism()))
     if kept:
         lines.append(f"still running, as asked (keep): pid {', '.join(map(str, kept))}")
+    # A library's helper ends with this process, if the library ends it at
+    # exit (jedi does): said, not failed.
+    helpers = [leak for leak in watch.spared if leak.role.endswith(NOT_THE_TESTS)]
+    if helpers:
+        lines.append(
+            "still running, a library's helper (the library's to end at exit): "
+            + "; ".join(f"pid {leak.pid} ({leak.role})" for leak in helpers)
+        )
     if state.tracker.leftover_cgroups:
         lines.append("cgroups left behind (still populated): " + ", ".join(state.tracker.leftover_cgroups))
     if lines:
