@@ -620,3 +620,32 @@ async def test_wait_returns_when_the_kernel_reaped_the_process() -> None:
         with trio.fail_after(5):
             assert await proc.wait() == 0
     assert proc.returncode == 0
+
+
+async def test_wait_returns_when_the_process_exits_while_its_domain_is_torn_down() -> None:
+    """trio's wait() returns once the process has exited. Ours too, also when
+    the teardown that ended it goes on for what it started (here a sibling
+    that ignores SIGTERM, waited for up to the grace): wait() is not the
+    teardown's end."""
+    ignorer = f"trap '' TERM; echo ready; exec sleep 30 {MARKER}"
+    command = ["sh", "-c", f'sh -c "{ignorer}" & exec sleep 30', MARKER]
+    seen: dict[str, object] = {}
+
+    async def waiter(proc: OwnedProcess) -> None:
+        seen["code"] = await proc.wait()
+        seen["torn down"] = proc.run.receipt is not None
+        proc.run.signal_domain(signal.SIGKILL)  # the teardown need not wait out its grace
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as outer:
+            async with trio.open_nursery() as nursery:
+                proc = await nursery.start(
+                    partial(run_process, command, stdout=subprocess.PIPE, check=False, grace=30)
+                )
+                assert proc.stdout is not None
+                assert await proc.stdout.receive_some() == b"ready\n"  # its trap is set
+                outer.start_soon(waiter, proc)
+                await wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+    assert seen == {"code": -signal.SIGTERM, "torn down": False}
+    assert proc.run.receipt is not None and proc.run.receipt.domain_empty

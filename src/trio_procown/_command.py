@@ -320,6 +320,15 @@ class OwnedCommand:
         else None; it is not reaped before the teardown is over."""
         return self._leader.returncode if self._leader.reaped else self._leader.poll()
 
+    async def _wait_exited(self) -> int:
+        """Wait until the direct process has exited (not for the teardown);
+        its status, as poll() gives it."""
+        if not self._leader.reaped:
+            await self._leader.wait(beside=True)
+        code = self.poll()
+        assert code is not None
+        return code
+
     def send_signal(self, sig: int) -> bool:
         """Send `sig` to the direct process only (not its domain); False if
         it has already exited. Safe against pid reuse: the process is held

@@ -180,16 +180,25 @@ class Leader:
     def alive(self) -> bool:
         return self.poll() is None
 
-    async def wait(self) -> int:
-        """Wait until the leader terminates; returns its status, unreaped."""
+    async def wait(self, *, beside: bool = False) -> int:
+        """Wait until the leader terminates; returns its status, unreaped.
+        `beside`: while another task may be waiting too (the supervisor's
+        wait, or the teardown's, holds the pidfd: trio lets one task at a
+        time wait on a descriptor), through a handle of its own on it."""
         while True:
             code = self.poll()
             if code is not None:
                 return code
-            if self.pidfd is not None:
-                await _pidfd.wait_exited(self.pidfd)
-            else:
+            if self.pidfd is None:
                 await _pidfd.poll_until(lambda: self.poll() is not None)
+                continue
+            # (Not reaped, so the pidfd is open: it is closed only after the reap.)
+            fd = os.dup(self.pidfd) if beside else self.pidfd
+            try:
+                await _pidfd.wait_exited(fd)
+            finally:
+                if fd != self.pidfd:
+                    os.close(fd)
 
     def signal(self, sig: int) -> bool:
         """Signal the leader itself; False if it has already terminated."""

@@ -137,10 +137,10 @@ class OwnedProcess:
         return self.run.poll()
 
     async def wait(self) -> int:
-        """Wait until the direct process has exited; return its status."""
-        while (code := self.run.poll()) is None:
-            await self.run.phase.wait_transition()
-        return code
+        """Wait until the direct process has exited; return its status (at
+        once, as trio's does, also while the teardown of what it started
+        goes on)."""
+        return await self.run._wait_exited()
 
     def send_signal(self, sig: int) -> None:
         self.run.send_signal(sig)
