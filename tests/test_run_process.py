@@ -627,8 +627,8 @@ async def test_wait_returns_when_the_process_exits_while_its_domain_is_torn_down
     the teardown that ended it goes on for what it started (here a sibling
     that ignores SIGTERM, waited for up to the grace): wait() is not the
     teardown's end."""
-    ignorer = f"trap '' TERM; echo ready; exec sleep 30 {MARKER}"
-    command = ["sh", "-c", f'sh -c "{ignorer}" & exec sleep 30', MARKER]
+    ignorer = "trap '' TERM; echo ready; sleep 30; :"
+    command = ["sh", "-c", f'sh -c "{ignorer}" {MARKER} & exec sleep 30', MARKER]
     seen: dict[str, object] = {}
 
     async def waiter(proc: OwnedProcess) -> None:
@@ -637,15 +637,28 @@ async def test_wait_returns_when_the_process_exits_while_its_domain_is_torn_down
         proc.run.signal_domain(signal.SIGKILL)  # the teardown need not wait out its grace
 
     with trio.fail_after(20):
-        async with trio.open_nursery() as outer:
-            async with trio.open_nursery() as nursery:
-                proc = await nursery.start(
-                    partial(run_process, command, stdout=subprocess.PIPE, check=False, grace=30)
-                )
-                assert proc.stdout is not None
-                assert await proc.stdout.receive_some() == b"ready\n"  # its trap is set
-                outer.start_soon(waiter, proc)
-                await wait_all_tasks_blocked()
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
+            proc = await nursery.start(
+                partial(run_process, command, stdout=subprocess.PIPE, check=False, grace=30)
+            )
+            assert proc.stdout is not None
+            assert await proc.stdout.receive_some() == b"ready\n"  # its trap is set
+            outer.start_soon(waiter, proc)
+            await wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
     assert seen == {"code": -signal.SIGTERM, "torn down": False}
-    assert proc.run.receipt is not None and proc.run.receipt.domain_empty
+    assert proc.run.receipt is not None
+    assert proc.run.receipt.domain_empty
+
+
+async def test_captured_output_is_kept_whole_as_trio_keeps_it() -> None:
+    """trio.run_process keeps every captured byte; so does the drop-in, past
+    the 64 MiB that bounds run_owned's capture, unless max_output is given."""
+    size = (64 << 20) + 1
+    command = ["sh", "-c", f"head -c {size} /dev/zero", MARKER]
+    done = await run_process(command, capture_stdout=True)
+    assert len(done.stdout) == size
+    assert done.receipt.output == "complete"
+    bounded = await run_process(command, capture_stdout=True, max_output=1024)
+    assert len(bounded.stdout) == 1024
+    assert bounded.receipt.output == "truncated"

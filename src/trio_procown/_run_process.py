@@ -40,6 +40,7 @@ import operator
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, final
 
@@ -320,7 +321,9 @@ async def run_process(
     Besides trio's options it takes ``grace``, ``kill_wait``, ``drain_wait``,
     ``domain``, ``escapees``, ``max_output`` and ``first_signal`` (see
     `open_owned_command`); ``grace`` is 5 s by default, trio's own window
-    between SIGTERM and SIGKILL. `deliver_cancel`, if given, is called on
+    between SIGTERM and SIGKILL, and captured output is not bounded unless
+    ``max_output`` is given (as in trio; a ``subprocess.PIPE`` stream keeps
+    its 64 MiB default). `deliver_cancel`, if given, is called on
     cancellation as in trio, bounded by ``grace + kill_wait``; the owned
     teardown runs after it. Under ``nursery.start`` with
     ``stdin=subprocess.PIPE``, ``proc.stdin`` is the caller's to close.
@@ -357,6 +360,11 @@ async def run_process(
         options.pop(key, None)  # (checked above: each is at a value we honour)
     executable = options.pop("executable", None)
     piped = {name: options.get(name, _ABSENT) is subprocess.PIPE for name in ("stdout", "stderr")}
+    if "max_output" not in owned and not any(piped.values()):
+        # trio keeps every captured byte, and so does the drop-in unless
+        # told otherwise. (A PIPE keeps the bound: it is what holds the
+        # command back while the caller does not read.)
+        owned["max_output"] = sys.maxsize
     stdout = _output_target("stdout", options.pop("stdout", _ABSENT), capture_stdout)
     stderr = _output_target("stderr", options.pop("stderr", _ABSENT), capture_stderr)
 
