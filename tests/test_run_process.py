@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -662,3 +663,64 @@ async def test_captured_output_is_kept_whole_as_trio_keeps_it() -> None:
     bounded = await run_process(command, capture_stdout=True, max_output=1024)
     assert len(bounded.stdout) == 1024
     assert bounded.receipt.output == "truncated"
+
+
+@pytest.mark.parametrize(
+    ("ignores", "warned"),
+    [("trap '' TERM; ", True), ("", False)],
+    ids=["leader-ignores-sigterm", "leader-ends-on-sigterm"],
+)
+async def test_a_process_killed_after_ignoring_sigterm_warns_as_trio(ignores: str, warned: bool) -> None:
+    """trio's default cancel warns ("ignored SIGTERM for 5 seconds ... Trying
+    SIGKILL") when the process outlived SIGTERM and had to be killed; so
+    does ours, when the teardown's SIGKILL ended the direct process, and
+    not when SIGTERM did (a sibling that ignores it is no business of
+    trio's warning)."""
+    sibling = "sh -c \"trap '' TERM; echo sibling; sleep 30; :\" & "
+    script = f"{sibling}{ignores}echo leader; sleep 30; :"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                proc = await nursery.start(
+                    partial(run_process, ["sh", "-c", script, MARKER], stdout=subprocess.PIPE, grace=0.2)
+                )
+                seen = b""
+                while sorted(seen.split()) != [b"leader", b"sibling"]:
+                    seen += await proc.stdout.receive_some()  # their traps are set
+                nursery.cancel_scope.cancel()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    expected = [
+        f"process {['sh', '-c', script, MARKER]!r} ignored SIGTERM for 0.2 seconds. "
+        "(Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
+    ]
+    assert messages == (expected if warned else [])
+    assert proc.run.receipt is not None
+    assert proc.run.receipt.forced  # the sibling ignored SIGTERM either way
+
+
+async def test_a_custom_deliver_cancel_gets_no_warning() -> None:
+    """trio warns only from its default deliver_cancel; a custom one that
+    leaves the process to the SIGKILL stage gets no warning."""
+
+    async def ignore(proc: OwnedProcess) -> None:
+        await trio.sleep_forever()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(
+                partial(
+                    run_process,
+                    ["sh", "-c", "trap '' TERM; echo ready; sleep 30; :", MARKER],
+                    stdout=subprocess.PIPE,
+                    deliver_cancel=ignore,
+                    grace=0.2,
+                    kill_wait=0.2,
+                )
+            )
+            assert await proc.stdout.receive_some() == b"ready\n"
+            nursery.cancel_scope.cancel()
+    assert [w for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert proc.run.receipt is not None
+    assert proc.run.receipt.returncode == -signal.SIGKILL

@@ -41,6 +41,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, final
 
@@ -48,6 +49,7 @@ import trio
 
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
 from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
+from ._receipt import signame
 from ._spawn import inheritable, normalize_command
 
 # Popen keywords that would give up ownership of the tree, and why. Each is
@@ -394,6 +396,8 @@ async def run_process(
 
     grace = owned.pop("grace", TRIO_CANCEL_GRACE)
     kill_wait = owned.pop("kill_wait", DEFAULT_KILL_WAIT)
+    first_signal = owned.get("first_signal", signal.SIGTERM)
+    run: OwnedCommand | None = None
     try:
         async with open_owned_command(
             argv,
@@ -436,6 +440,10 @@ async def run_process(
                 if deliver_cancel is not None and run.poll() is None:
                     await _deliver(run, handle, deliver_cancel, grace + kill_wait)
                 raise
+    except BaseException:
+        if run is not None and deliver_cancel is None:
+            _warn_if_killed(run, command, grace, first_signal)
+        raise
     finally:
         for fd in (stdin_read, stdin_write):
             if fd is not None:
@@ -461,6 +469,24 @@ async def run_process(
     done = subprocess.CompletedProcess(command, code, out, err)
     done.receipt = receipt  # type: ignore[attr-defined]
     return done
+
+
+def _warn_if_killed(run: OwnedCommand, command: object, grace: float, first_signal: int) -> None:
+    """trio's warning when its default cancel had to kill the process: it
+    outlived the first signal for the whole grace and died of SIGKILL."""
+    receipt = run.receipt
+    if receipt is None or receipt.cause != "cancelled" or receipt.returncode != -signal.SIGKILL:
+        return
+    if not receipt.forced:
+        return  # it was killed, but not by the teardown's second stage
+    first = signame(first_signal) if first_signal else "its first signal"
+    warnings.warn(
+        RuntimeWarning(
+            f"process {command!r} ignored {first} for {grace:g} seconds. "
+            "(Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
+        ),
+        stacklevel=3,
+    )
 
 
 async def _deliver(
