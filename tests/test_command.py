@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,10 @@ from trio_procown import _mass
 from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
+
+# A command that sleeps until stopped (the marker in its shell's argv:
+# sleep itself would reject it).
+SLEEPER = ["sh", "-c", "sleep 30; :", MARKER]
 
 # Forks a grandchild that prints its pid, then both sleep; "ready" once forked.
 FORK_AND_SLEEP = "sleep 30 & echo pid $!; echo early-err >&2; echo ready; sleep 30"
@@ -707,7 +712,7 @@ async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
     release = trio.Event()
 
     async def one() -> None:
-        async with trio_procown.open_owned_command(["sleep", "30", MARKER], grace=0.5) as run:
+        async with trio_procown.open_owned_command(SLEEPER, grace=0.5) as run:
             runs.append(run)
             if len(runs) == size:
                 started.set()
@@ -802,3 +807,82 @@ async def test_a_program_that_ignores_sigchld_keeps_its_timeout(domain: str) -> 
     assert (r.cause, r.domain_empty, r.forced) == ("timed_out", True, False)
     assert "nobody could read" in " ".join(r.claims())
     assert not alive(grandchild)
+
+
+def _blocked_signals(status: bytes) -> int:
+    """SigBlk of a /proc/PID/status, as a bit mask."""
+    (line,) = [row for row in status.splitlines() if row.startswith(b"SigBlk:")]
+    return int(line.split()[1], 16)
+
+
+async def test_a_spawn_beside_live_commands_clones_off_the_loop(
+    domain: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While another command is live, the clone is made in a worker thread
+    (the loop serves the others meanwhile); the command still gets the
+    loop thread's signal mask, as one cloned on the loop does."""
+    from trio_procown import _command
+
+    threads: list[bool] = []
+    real = _command._clone_in_worker
+
+    def recording(*args: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(_command, "_clone_in_worker", recording)
+    show = ["cat", "/proc/self/status"]  # (a shell would reset its mask; the marker is in its environment)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        alone = await trio_procown.run_owned(show, domain=domain)
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain) as live:
+            while _mass.live() == 0:  # its supervisor counts it at its first step
+                await trio.lowlevel.checkpoint()
+            beside = await trio_procown.run_owned(show, domain=domain)
+            await live.terminate()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    assert threads == [False]  # only the spawn beside a live command, and not on this thread
+    assert _blocked_signals(beside.stdout) == _blocked_signals(alone.stdout)
+    assert _blocked_signals(beside.stdout) & (1 << (signal.SIGUSR1 - 1))
+
+
+async def test_a_cancel_during_an_off_loop_clone_tears_the_command_down(
+    domain: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that arrives while the worker thread clones waits for the
+    clone; the block is then entered cancelled and its teardown owns what
+    the clone started: cause cancelled, domain empty, nothing left."""
+    from trio_procown import _command
+
+    cloning, proceed = threading.Event(), threading.Event()
+    real = _command._clone_in_worker
+
+    def held(*args: Any) -> Any:
+        cloning.set()
+        proceed.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(_command, "_clone_in_worker", held)
+    receipts: list[trio_procown.Receipt] = []
+
+    async def second(scope: trio.CancelScope) -> None:
+        with scope:
+            async with trio_procown.open_owned_command(SLEEPER, domain=domain) as run:
+                await run.wait()
+        receipts.append(run.receipt)
+
+    with trio.fail_after(20):
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain) as live:
+            while _mass.live() == 0:
+                await trio.lowlevel.checkpoint()
+            async with trio.open_nursery() as nursery:
+                scope = trio.CancelScope()
+                nursery.start_soon(second, scope)
+                await trio.to_thread.run_sync(cloning.wait, 10)
+                scope.cancel()
+                proceed.set()
+            await live.terminate()
+    (receipt,) = receipts
+    assert receipt.cause == "cancelled"
+    assert receipt.domain_empty

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
+import sys
+import threading
+
 import pytest
 
+from conftest import MARKER
 from trio_procown import _procfs
 from trio_procown._procfs import PidMark
 
@@ -490,3 +497,31 @@ def test_quiet_since_agrees_with_the_kernel_for_real_children() -> None:
     finally:
         for child in (first, second):
             child.communicate(b"")
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "status-file"])
+def test_is_process_tells_a_process_from_a_thread(pidfds: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process (running, or a zombie) is one; a thread that leads no group,
+    and a pid nobody has, are not: by pidfd_open, or by /proc/PID/status
+    where no pidfd can be had (EMFILE here)."""
+    if not pidfds:
+
+        def no_pidfd(pid: int, flags: int = 0) -> int:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, args=(10,))
+    thread.start()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass", MARKER])
+    try:
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        assert _procfs.is_process(os.getpid())
+        assert _procfs.is_process(zombie.pid)
+        assert thread.native_id is not None
+        assert not _procfs.is_process(thread.native_id)
+        assert not _procfs.is_process(2**22 + 1)  # above any pid_max
+    finally:
+        release.set()
+        thread.join()
+        zombie.wait()

@@ -511,13 +511,13 @@ async def test_an_already_cancelled_scope_starts_nothing(entry: str, monkeypatch
     from trio_procown import _command
 
     calls: list[object] = []
-    real_spawn = _command.spawn
+    real_spawn = _command.spawn_steps
 
     def counting_spawn(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[0])
         return real_spawn(*args, **kwargs)
 
-    monkeypatch.setattr(_command, "spawn", counting_spawn)
+    monkeypatch.setattr(_command, "spawn_steps", counting_spawn)
     for _ in range(5):
         with trio.CancelScope() as scope:
             scope.cancel()
@@ -615,7 +615,7 @@ async def test_wait_returns_when_the_kernel_reaped_the_process() -> None:
     """trio's own case (test_wait_reapable_fails): with SIGCHLD ignored, a killed process's
     wait() returns, with returncode 0 since its status is unknowable, as trio and subprocess say."""
     async with trio.open_nursery() as nursery:
-        proc = await nursery.start(partial(run_process, ["sleep", "3600", MARKER], check=False))
+        proc = await nursery.start(partial(run_process, ["sh", "-c", "sleep 3600; :", MARKER], check=False))
         assert isinstance(proc, trio.Process)  # registered as a virtual subclass
         proc.kill()
         with trio.fail_after(5):

@@ -34,12 +34,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # A spawn this long after the previous one from the same thread, which ran
@@ -57,17 +58,32 @@ class _Last(threading.local):
     # time.monotonic() of this thread's latest spawn, and time.thread_time()
     # then. Its first spawn clones from the thread itself: nothing says it
     # was idle (a `procown run` has just imported us), and a one-off
-    # command would pay for starting the worker.
+    # command would pay for starting the worker. `busy`: the thread is a
+    # worker cloning for the event loop's thread (never idle for this).
     wall = float("inf")
     cpu = 0.0
+    busy = False
 
 
 _last = _Last()
 
 
+@contextlib.contextmanager
+def not_idle() -> Iterator[None]:
+    """Spawns made meanwhile by this thread clone from it (after_idle
+    says no): a worker of the loop's, already off the loop's thread."""
+    _last.busy = True
+    try:
+        yield
+    finally:
+        _last.busy = False
+
+
 def after_idle() -> bool:
     """Has the calling thread been idle since its previous spawn (IDLE_GAP or
     more, busy for at most BUSY_SHARE of it)? Counts this spawn."""
+    if _last.busy:
+        return False
     wall, cpu = time.monotonic(), time.thread_time()
     gap = wall - _last.wall
     idle = gap >= IDLE_GAP and cpu - _last.cpu <= BUSY_SHARE * gap

@@ -27,14 +27,15 @@ import math
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, final
 
+import outcome
 import trio
 
-from . import _mass
+from . import _cloner, _mass
 from ._census import EscapeePolicy
 from ._choice import DomainName, bind_domain
 from ._domain import BY_THE_CALLER, Sent
@@ -49,8 +50,20 @@ from ._escalation import (
     Event,
     graceful_signals,
 )
+from ._leader import Leader
 from ._receipt import Action, Cause, Receipt
-from ._spawn import CAPTURE, DEVNULL, INHERIT, STDOUT, Command, Spawned, Target, check_budget, spawn
+from ._spawn import (
+    CAPTURE,
+    DEVNULL,
+    INHERIT,
+    STDOUT,
+    Command,
+    Spawned,
+    Target,
+    check_budget,
+    finish_spawn,
+    spawn_steps,
+)
 from ._stdin import StdinSource
 from ._teardown import TEARDOWN_ALLOWANCE, Teardown
 
@@ -499,6 +512,31 @@ class OwnedCommand:
 _TOKEN = object()
 
 
+async def _clone(clone: Callable[[], Leader]) -> outcome.Outcome[Leader]:
+    """Make the clone of a spawn (see _spawn.SpawnSteps): what it returned
+    or raised. While other commands are live, in a worker thread (with this
+    thread's signal mask, which the command inherits), shielded: the loop
+    serves them while the kernel finds a CPU for the new process, as trio's
+    own spawn does; a cancel waits for the clone, and the teardown that
+    follows owns what it started. Else on this thread (a thread round trip
+    costs more than the clone's ~0.15 ms)."""
+    if _mass.live() == 0:
+        return outcome.capture(clone)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    with trio.CancelScope(shield=True):
+        cloned = await trio.to_thread.run_sync(_clone_in_worker, clone, mask)
+    return cloned
+
+
+def _clone_in_worker(clone: Callable[[], Leader], mask: set[int | signal.Signals]) -> outcome.Outcome[Leader]:
+    previous = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    try:
+        with _cloner.not_idle():
+            return outcome.capture(clone)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def cause_of(exc: BaseException) -> Cause:
     """The cause for the way the block was left. An exception group (a
     nursery in the body) counts as a cancel when it holds only Cancelled and
@@ -584,7 +622,7 @@ async def open_owned_command(
     check_budget("drain_wait", drain_wait)
     machine = Escalation(Budgets(grace, kill_wait, drain_wait), escapees, first_signal)
     domain = await bind_domain(domain, timeout, machine.budgets.total)
-    argv, spawned = spawn(
+    steps = spawn_steps(
         command,
         stdin=stdin,
         stdout=stdout,
@@ -600,6 +638,13 @@ async def open_owned_command(
         pass_fds=pass_fds,
         executable=executable,
     )
+    clone = next(steps)
+    try:
+        cloned = await _clone(clone)
+    except BaseException:  # no worker thread could be had: nothing was started
+        steps.close()  # (its fds are closed, its domain given back)
+        raise
+    argv, spawned = finish_spawn(steps, cloned)
     name = tuple(argv) if not isinstance(command, str) else (command,)
     teardown = Teardown(spawned, machine, name, subreaper)
     teardown.step(Action.SPAWN, "leader", f"pid {spawned.leader.pid} in {spawned.domain.kind}")

@@ -110,8 +110,6 @@ class Leader:
         The descriptors `pass_fds` (above 2) are passed on, inheritable, as
         in subprocess; every other one above 2 is closed. Raises the OSError
         the OS gave."""
-        if _DEFERRED:
-            reap_deferred()
         if cgroup_fd is not None:
             try:
                 pid, pidfd, start = _placement.spawn_into(

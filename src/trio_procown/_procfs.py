@@ -71,6 +71,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import os
@@ -252,7 +253,22 @@ def is_process(pid: int) -> bool:
     """True if `pid` is a thread-group leader (a process), not a thread.
 
     /proc lists only processes, but /proc/TID opens for any thread too.
+    pidfd_open() tells them apart (it refuses a thread that leads no group)
+    in ~2-7 µs, where /proc/PID/status, which the kernel writes out whole,
+    costs ~15-40 µs: a census probes each pid started since its command's
+    spawn, ten or more a command while others run. Where no pidfd can be
+    had (EMFILE, a seccomp filter, no pidfd_open), the status is read.
     """
+    try:
+        os.close(os.pidfd_open(pid))
+        return True
+    except ProcessLookupError:
+        return False  # no such process (nor thread)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EINVAL):
+            return False  # a thread, not its group's leader
+    except AttributeError:  # no os.pidfd_open
+        pass
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:

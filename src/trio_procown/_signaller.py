@@ -189,11 +189,16 @@ def pending() -> bool:
 
 def other_threads() -> int:
     """How many threads run in this process, the signaller's, the scanner's
-    and the cloner's workers left out."""
+    and the cloner's workers left out, and trio's idle cached workers (a
+    spawn beside live commands clones in one, as trio's own spawn does;
+    trio ends each after 10 s idle)."""
     from ._cloner import THREAD_NAME as CLONER_NAME
 
     ours = (THREAD_NAME, SCANNER_NAME, CLONER_NAME)
-    return sum(1 for t in threading.enumerate() if t.name not in ours)
+    return sum(1 for t in threading.enumerate() if t.name not in ours and not t.name.startswith(TRIO_CACHED))
+
+
+TRIO_CACHED = "Trio thread "  # the name of an idle thread of trio's thread cache (trio 0.35)
 
 
 def submit(fn: Callable[[], T]) -> Job[T]:

@@ -13,13 +13,15 @@
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeAlias
 
+import outcome
 import trio
 
 from . import _keeper, _procfs
@@ -27,7 +29,7 @@ from ._census import COOKIE_VAR, Census, EscapeePolicy
 from ._choice import DomainName, make_domain
 from ._domain import Domain
 from ._drain import Drain
-from ._leader import Leader
+from ._leader import Leader, reap_deferred
 from ._stdin import Feeder, HasFileno, StdinSource
 
 CAPTURE = "capture"
@@ -348,7 +350,17 @@ class Spawned:
     guard: _keeper.Guard = field(default_factory=lambda: _keeper.Guard(0, "unknown"))  # what the keeper knows
 
 
-def spawn(
+# The spawn, as steps: what comes before the clone, then (yielded) the
+# clone itself, a call that blocks until the command has exec'd (in the
+# kernel's vfork wait, ~0.15 ms when the machine is idle, milliseconds
+# when other commands' processes hold the CPUs), then what follows it. The
+# caller makes the clone on the event loop's thread, or, while other
+# commands are live, in a worker thread (open_owned_command), so that the
+# loop serves them meanwhile; everything else runs on the loop.
+SpawnSteps: TypeAlias = Generator[Callable[[], Leader], Leader, tuple[list[str], Spawned]]
+
+
+def spawn_steps(
     command: Command,
     *,
     stdin: StdinSource,
@@ -364,10 +376,11 @@ def spawn(
     keeper_grace: float = 2.0,
     pass_fds: Sequence[int] = (),
     executable: str | os.PathLike[str] | None = None,
-) -> tuple[list[str], Spawned]:
+) -> SpawnSteps:
     """Spawn `command` into a new domain; return its argv and what was made
     (with `executable`, see with_executable). Raises before anything is
-    left running."""
+    left running. Steps (see SpawnSteps): yields the clone, to be sent
+    back the Leader it returned (or thrown what it raised)."""
     check_max_output(max_output)
     passed = check_pass_fds(pass_fds, domain)
     if stdout == STDOUT:
@@ -402,7 +415,9 @@ def spawn(
         program, spawn_argv = own_domain.command_line(argv, name or given_name(command, argv))
         mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
         try:
-            leader = Leader.spawn(
+            reap_deferred()  # (on the loop's thread: the clone may not be)
+            leader = yield functools.partial(
+                Leader.spawn,
                 spawn_argv,
                 executable=program,
                 stdin=stdin_fd,
@@ -538,3 +553,14 @@ def _output_fd(
     child_fds.append(fd)
     targets[name] = "devnull" if target == DEVNULL else f"file {os.fspath(target)}"
     return fd
+
+
+def finish_spawn(steps: SpawnSteps, cloned: outcome.Outcome[Leader]) -> tuple[list[str], Spawned]:
+    """Go on with spawn_steps after its clone, from what the clone gave."""
+    try:
+        cloned.send(steps)
+    except StopIteration as done:
+        result: tuple[list[str], Spawned] = done.value
+        return result
+    msg = "spawn_steps yields once"  # pragma: no cover - the steps have one clone
+    raise AssertionError(msg)
