@@ -986,3 +986,16 @@ def test_window_cgroups_of_a_killed_run_are_removed_by_the_next(
     finally:
         for path in (alive_one, stale):
             _cgroup.remove_tree(path)
+
+
+def test_the_end_of_run_section_starts_its_own_line_under_q(
+    pytester: pytest.Pytester, recorded: Recorded
+) -> None:
+    """With -q the progress line is still open when the run ends: the
+    plugin's section begins on a line of its own, not glued to "[100%]"."""
+    pytester.makepyfile(test_keep=_source(pytester, LEAK))
+    result = pytester.runpytest("-q", "--procown-leaks=warn", "--procown-leaks-keep")
+    result.stdout.fnmatch_lines(
+        ["*[[]100%[]]", "=* procown: processes left behind *", "still running, as asked (keep): *"]
+    )
+    assert len(recorded.pids()) == 1

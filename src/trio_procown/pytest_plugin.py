@@ -379,6 +379,8 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
 def _write_section(config: pytest.Config, title: str, text: str, *, red: bool) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+            reporter.write("\n")  # with -q, the progress line is still open
         reporter.write_sep("=", title, red=red, yellow=not red)
         for line in text.splitlines():
             reporter.write_line(line)
