@@ -999,3 +999,40 @@ def test_the_end_of_run_section_starts_its_own_line_under_q(
         ["*[[]100%[]]", "=* procown: processes left behind *", "still running, as asked (keep): *"]
     )
     assert len(recorded.pids()) == 1
+
+
+def test_a_process_its_dropped_handle_ends_at_collection_is_no_leak(
+    pytester: pytest.Pytester, recorded: Recorded
+) -> None:
+    """pexpect's pattern: a handle whose finalizer ends its process, dropped
+    in a reference cycle (freed only by the cyclic collector). The window
+    collects garbage before it settles: the process ends, as at Python's
+    next collection, and is no leak."""
+    body = """
+import gc
+
+@pytest.fixture(autouse=True)
+def no_automatic_collection():
+    gc.disable()  # only the plugin's own collection can free the cycle
+    yield
+    gc.enable()
+
+class Spawn:
+    def __init__(self):
+        self.proc = subprocess.Popen(["sleep", "30"])
+        record(self.proc.pid)
+        self.me = self  # a reference cycle
+
+    def __del__(self):
+        self.proc.kill()
+        self.proc.wait()
+
+def test_dropped_in_a_cycle():
+    Spawn()
+"""
+    pytester.makepyfile(test_cycle=_source(pytester, body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*left * process(es) running*")
+    assert len(recorded.pids()) == 1
+    assert recorded.alive() == []

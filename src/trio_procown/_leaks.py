@@ -450,7 +450,7 @@ def held_processes(value: object, depth: int = 4) -> dict[int, str]:
 # interpreter and keeps it (in a cache of one of its module's functions)
 # for every later call: killed as the first test's leak, it breaks every
 # later test that uses jedi. So a leaked process whose handle is still
-# alive after a garbage collection, and held by something other than the
+# alive after the sweep's garbage collection, and held by something other than the
 # run's tests, is spared: found by walking up from the handle through what
 # refers to it. A frame holding it is a test's (a failed test's frames are
 # kept by its traceback), and so is a namespace or class of a test module
@@ -478,7 +478,8 @@ def library_held(pids: Iterable[int], test_module: Callable[[str, str], bool]) -
     kinds = _handle_types()
     if not wanted or not kinds:
         return {}
-    gc.collect()  # a handle dropped in a reference cycle (a finished trio.run's) is not held
+    # (The sweep collected garbage before it settled: a handle dropped in a
+    # reference cycle, a finished trio.run's, is gone by now.)
     handles: list[tuple[object, str, list[int]]] = []
     for obj in gc.get_objects():
         if isinstance(obj, kinds):
@@ -728,12 +729,16 @@ SETTLE = 0.3
 
 def _settled(leaks: list[LeakedProcess]) -> list[LeakedProcess]:
     """The `leaks` still running after up to SETTLE seconds (a pidfd wait:
-    it returns as soon as all have ended)."""
+    it returns as soon as all have ended). Garbage is collected first: a
+    handle the test dropped in a reference cycle (a pexpect.spawn held by
+    an exception's traceback) ends its process in its finalizer, at the
+    next collection; that one is not a leak either."""
     if not leaks:
         return leaks
     targets = {leak.pid: _Target.open(leak.pid) for leak in leaks}
     opened = [t for t in targets.values() if t is not None]
     try:
+        gc.collect()
         _wait_exited(opened, SETTLE)
         return [leak for leak in leaks if _still_running(leak, targets[leak.pid])]
     finally:
