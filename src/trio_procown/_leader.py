@@ -195,7 +195,7 @@ class Leader:
             try:
                 await _pidfd.wait_exited(fd)
             finally:
-                if fd != self.pidfd:
+                if beside:
                     os.close(fd)
 
     def signal(self, sig: int) -> bool:

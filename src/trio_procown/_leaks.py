@@ -387,29 +387,49 @@ def is_running(pid: int, start: int) -> bool:
 _HELD_SEARCH_LIMIT = 1000  # objects looked at per value, so a huge fixture value costs little
 
 
+def _popen(obj: Any) -> tuple[str, list[int]] | None:
+    return ("a subprocess.Popen", [obj.pid]) if obj.returncode is None else None
+
+
+def _mp_process(obj: Any) -> tuple[str, list[int]] | None:
+    return ("a multiprocessing.Process", [obj.pid]) if isinstance(obj.pid, int) else None
+
+
+def _executor(obj: Any) -> tuple[str, list[int]]:
+    pids = [pid for pid in dict(getattr(obj, "_processes", None) or {}) if isinstance(pid, int)]
+    return "a worker of a concurrent.futures.ProcessPoolExecutor", pids
+
+
+def _mp_pool(obj: Any) -> tuple[str, list[int]]:
+    pids = [p.pid for p in list(getattr(obj, "_pool", None) or []) if p.pid]
+    return "a worker of a multiprocessing.pool.Pool", pids
+
+
+# The process pools and handles recognised, first match first: (module,
+# class, what its processes are and their pids). A module not imported
+# has none.
+_HANDLES: tuple[tuple[str, str, Callable[[Any], tuple[str, list[int]] | None]], ...] = (
+    ("subprocess", "Popen", _popen),
+    ("multiprocessing.process", "BaseProcess", _mp_process),
+    ("asyncio.subprocess", "Process", lambda obj: ("an asyncio.subprocess.Process", [obj.pid])),
+    ("trio", "Process", lambda obj: ("a trio.Process", [obj.pid])),
+    ("concurrent.futures.process", "ProcessPoolExecutor", _executor),
+    ("multiprocessing.pool", "Pool", _mp_pool),
+)
+
+
+def _handle_kinds() -> list[tuple[type, Callable[[Any], tuple[str, list[int]] | None]]]:
+    """_HANDLES's classes of the modules imported so far, with their readers."""
+    kinds = ((getattr(sys.modules.get(module), name, None), read) for module, name, read in _HANDLES)
+    return [(kind, read) for kind, read in kinds if isinstance(kind, type)]
+
+
 def _held_by(obj: object) -> tuple[str, list[int]] | None:
     """If `obj` is a process pool or a handle on one process: what its
     processes are (as a report names them) and their pids."""
-    popen = sys.modules.get("subprocess")
-    if popen is not None and isinstance(obj, popen.Popen):
-        return ("a subprocess.Popen", [obj.pid]) if obj.returncode is None else None
-    mp_process = sys.modules.get("multiprocessing.process")
-    if mp_process is not None and isinstance(obj, mp_process.BaseProcess):
-        return ("a multiprocessing.Process", [obj.pid]) if isinstance(obj.pid, int) else None
-    asyncio_sub = sys.modules.get("asyncio.subprocess")
-    if asyncio_sub is not None and isinstance(obj, asyncio_sub.Process):
-        return "an asyncio.subprocess.Process", [obj.pid]
-    trio_mod = sys.modules.get("trio")
-    if trio_mod is not None and isinstance(obj, trio_mod.Process):
-        return "a trio.Process", [obj.pid]
-    futures = sys.modules.get("concurrent.futures.process")
-    if futures is not None and isinstance(obj, futures.ProcessPoolExecutor):
-        pids = [pid for pid in dict(getattr(obj, "_processes", None) or {}) if isinstance(pid, int)]
-        return "a worker of a concurrent.futures.ProcessPoolExecutor", pids
-    mp_pool = sys.modules.get("multiprocessing.pool")
-    if mp_pool is not None and isinstance(obj, mp_pool.Pool):
-        pids = [p.pid for p in list(getattr(obj, "_pool", None) or []) if p.pid]
-        return "a worker of a multiprocessing.pool.Pool", pids
+    for kind, read in _handle_kinds():
+        if isinstance(obj, kind):
+            return read(obj)
     return None
 
 
@@ -475,7 +495,7 @@ def library_held(pids: Iterable[int], test_module: Callable[[str, str], bool]) -
     `test_module(name, file)` says whether a module is one of the run's
     tests."""
     wanted = set(pids)
-    kinds = _handle_types()
+    kinds = tuple(kind for kind, _ in _handle_kinds())
     if not wanted or not kinds:
         return {}
     # (The sweep collected garbage before it settled: a handle dropped in a
@@ -486,9 +506,10 @@ def library_held(pids: Iterable[int], test_module: Callable[[str, str], bool]) -
             held = _held_by(obj)
             if held is not None and wanted.intersection(held[1]):
                 handles.append((obj, held[0], [pid for pid in held[1] if pid in wanted]))
+    namespaces = {id(vars(mod)): name for name, mod in list(sys.modules.items()) if hasattr(mod, "__dict__")}
     found: dict[int, str] = {}
     for obj, what, held_pids in handles:
-        holder = _holder(obj, test_module, ignore=handles)
+        holder = _holder(obj, namespaces, test_module, ignore=handles)
         if holder:
             found.update(dict.fromkeys(held_pids, f"{what} held by {holder}{NOT_THE_TESTS}"))
     return found
@@ -499,26 +520,14 @@ def _runners(obj: object) -> bool:
     return str(getattr(type(obj), "__module__", "")).split(".")[0] in _RUNNER_MODULES
 
 
-def _handle_types() -> tuple[type, ...]:
-    """The classes _held_by recognises, of the modules imported so far."""
-    names = (
-        ("subprocess", "Popen"),
-        ("multiprocessing.process", "BaseProcess"),
-        ("asyncio.subprocess", "Process"),
-        ("trio", "Process"),
-        ("concurrent.futures.process", "ProcessPoolExecutor"),
-        ("multiprocessing.pool", "Pool"),
-    )
-    kinds = (getattr(sys.modules.get(module), name, None) for module, name in names)
-    return tuple(kind for kind in kinds if isinstance(kind, type))
-
-
-def _holder(handle: object, test_module: Callable[[str, str], bool], ignore: object) -> str:
+def _holder(
+    handle: object, namespaces: dict[int, str], test_module: Callable[[str, str], bool], ignore: object
+) -> str:
     """What holds `handle`, if not the run's tests (see above): "module
     NAME"; "an object in this process" when the walk runs out of referrer
     calls first; "" when it reaches the tests or every path up ends in a
-    registry (a dropped handle)."""
-    namespaces = {id(vars(mod)): name for name, mod in list(sys.modules.items()) if hasattr(mod, "__dict__")}
+    registry (a dropped handle). `namespaces`: id of each module's
+    namespace -> its name."""
 
     def kind(name: str) -> str:
         module = sys.modules.get(name)
