@@ -104,6 +104,23 @@ def sigchld_ignored() -> Iterator[None]:
         yield
 
 
+@pytest.fixture
+def probed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids a narrow census probes (_procfs.is_process), in order, as it
+    still probes them."""
+    from trio_procown import _procfs
+
+    seen: list[int] = []
+    real = _procfs.is_process
+
+    def is_process(pid: int) -> bool:
+        seen.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(_procfs, "is_process", is_process)
+    return seen
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The leak check is on for this suite unless the command line chose a
     # mode; the plugin reads the option only at session start.

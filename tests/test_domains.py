@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import trio
+import trio.testing
 
 import trio_procown
 from conftest import py
@@ -87,6 +88,36 @@ async def test_double_forked_daemon_after_exit_process_group() -> None:
     assert result.receipt.cause == "exited"
     assert not alive(daemon)
     assert [p.pid for p in result.receipt.census] == [daemon]
+
+
+async def _held_sleeper(task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """A command that runs until cancelled; started: its leader's pid."""
+    sleeper = py("import time; time.sleep(30)")
+    async with trio_procown.open_owned_command(sleeper, domain="process-group") as run:
+        task_status.started(run.pid)
+        await run.wait()
+
+
+async def test_census_finds_a_daemon_among_other_commands_leaders(probed: list[int]) -> None:
+    """Other commands spawned while this one runs hold their leaders' pids in its census range:
+    those are not probed (each leads its own session, without this command's cookie), and
+    the daemon the command left among them is still found and terminated."""
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    gated = py("import sys; sys.stdin.readline()\n" + DAEMON)
+    async with trio.open_nursery() as nursery:
+        async with trio_procown.open_owned_command(gated, stdin=receive, domain="process-group") as run:
+            others = [await nursery.start(_held_sleeper) for _ in range(3)]
+            await send.send_all(b"go\n")
+            await send.aclose()
+            receipt = await run.wait()
+            seen = list(probed)  # (the others' own teardowns probe too, later)
+        nursery.cancel_scope.cancel()
+    (daemon,) = pids_in(run.stdout)
+    assert receipt.cause == "exited"
+    assert not alive(daemon)
+    assert [p.pid for p in receipt.census] == [daemon]
+    assert daemon in seen
+    assert not set(others) & set(seen)
 
 
 @needs_cgroup

@@ -525,3 +525,82 @@ def test_is_process_tells_a_process_from_a_thread(pidfds: bool, monkeypatch: pyt
         release.set()
         thread.join()
         zombie.wait()
+
+
+def _held_child() -> tuple[subprocess.Popen[bytes], int]:
+    """A child of ours, waiting on its stdin, and a pidfd on it."""
+    waiting = [sys.executable, "-c", "import sys; sys.stdin.read()", MARKER]
+    child = subprocess.Popen(waiting, stdin=subprocess.PIPE)
+    return child, os.pidfd_open(child.pid)
+
+
+def test_another_commands_held_leader_is_left_out_of_a_narrow_table(probed: list[int]) -> None:
+    """A pid held unreaped as another command's leader is not probed (it can be no member
+    and carries no other command's cookie); once released, or once reaped by someone else
+    (its pid may be anyone's then), it is probed as any other pid."""
+    if not _procfs.IS_LINUX or not hasattr(os, "pidfd_open"):
+        pytest.skip("pidfds")
+    child, fd = _held_child()
+    try:
+        _procfs.hold(child.pid, fd)
+        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        assert probed == []
+        child.stdin.close()  # type: ignore[union-attr]
+        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)  # exited, not reaped: still its pid
+        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        child.wait()  # reaped behind the registry's back (a wait for any child, say)
+        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        assert probed == [child.pid]  # probed, and found gone
+    finally:
+        _procfs.release_held(child.pid)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        os.close(fd)
+    assert not _procfs.held_elsewhere(child.pid)
+
+
+def test_a_held_leader_is_released_before_its_reap() -> None:
+    """A leader is held from its spawn until its reap (or its pidfd is handed over)."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("pidfds")
+    from trio_procown._leader import Leader
+
+    child = subprocess.Popen([sys.executable, "-c", "pass", MARKER])
+    leader = Leader(child.pid, child)
+    try:
+        assert _procfs.held_elsewhere(child.pid)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        assert _procfs.held_elsewhere(child.pid)  # a zombie holds its pid
+        assert leader.reap()
+        assert not _procfs.held_elsewhere(child.pid)
+        assert child.pid not in _procfs._HELD
+    finally:
+        if not leader.reaped:
+            child.kill()
+            leader.reap()
+
+
+def test_a_forked_child_holds_none_of_its_parents_leaders() -> None:
+    """After a fork the child's table of held leaders is empty (they are not its children)."""
+    if not hasattr(os, "pidfd_open") or not hasattr(os, "fork"):
+        pytest.skip("pidfds and fork")
+    child, fd = _held_child()
+    try:
+        _procfs.hold(child.pid, fd)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the forked child
+            os.write(w, b"1" if not _procfs._HELD and not _procfs.held_elsewhere(child.pid) else b"0")
+            os._exit(0)
+        os.close(w)
+        answer = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert _procfs.held_elsewhere(child.pid)
+    finally:
+        _procfs.release_held(child.pid)
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait()
+        os.close(fd)

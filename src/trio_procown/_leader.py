@@ -62,6 +62,8 @@ class Leader:
         self.popen = popen  # None when the spawner started it (no Popen to keep informed)
         self.pid = pid
         self.pidfd = _pidfd.open_pidfd(self.pid) if pidfd is None else pidfd
+        if self.pidfd is not None:
+            _procfs.hold(self.pid, self.pidfd)  # other commands' censuses skip it (until closed)
         self.returncode: int | None = None
         self.reaped = False
         # Reaped by someone else before us: the kernel, when the program
@@ -222,6 +224,7 @@ class Leader:
             return True
         if self.poll() is None:
             return False
+        _procfs.release_held(self.pid)  # (before its pid is free again)
         try:
             os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
@@ -241,6 +244,7 @@ class Leader:
         # too, and closed at a later spawn.
         if self.reaped and not (self.lost and self.pidfd is not None):
             return
+        _procfs.release_held(self.pid)
         _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
         self.pidfd = None
         self.reaped = True
@@ -249,6 +253,7 @@ class Leader:
 
     def close(self) -> None:
         if self.pidfd is not None:
+            _procfs.release_held(self.pid)
             _pidfd.close(self.pidfd)
             self.pidfd = None
 

@@ -76,6 +76,7 @@ import functools
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -279,15 +280,78 @@ def is_process(pid: int) -> bool:
     return False
 
 
+# The leaders of this process's other owned commands, held unreaped by
+# their teardowns through their pidfds (pid -> pidfd). Many commands at
+# once (an agent's tools, a build: 20 at a time) allocate pids mostly to
+# one another's leaders, and a census probed each of them (a pidfd_open
+# and a read of its stat, ~15-25 us) only to learn it is another
+# command's: not in this command's process group (it leads a session of
+# its own), not in its cgroup, and without its census cookie (the owner
+# spawned it, with that command's own token). A pid held here is left out
+# of a narrow table after one waitid() on its pidfd (~1-2 us) that shows
+# the process still ours to reap: running, or exited and not yet reaped,
+# so the pid is still its own. Reaped by someone else (SIGCHLD ignored, a
+# wait for any child), its pid may be another process's already: probed
+# as any other. Entries leave before their pidfd is closed, under the
+# lock the check holds (scans may run in a worker thread).
+_HELD: dict[int, int] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def hold(pid: int, pidfd: int) -> None:
+    """`pid` is a leader of ours, held unreaped through `pidfd` (see _HELD)."""
+    with _HELD_LOCK:
+        _HELD[pid] = pidfd
+
+
+def release_held(pid: int) -> None:
+    """`pid` is about to be reaped, or its pidfd closed: no longer held."""
+    with _HELD_LOCK:
+        _HELD.pop(pid, None)
+
+
+def held_elsewhere(pid: int) -> bool:
+    """Is `pid` another owned command's leader, still ours to reap?"""
+    if pid not in _HELD:
+        return False
+    with _HELD_LOCK:
+        fd = _HELD.get(pid)
+        if fd is None:
+            return False
+        try:
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except OSError:  # ECHILD: reaped by someone else; EBADF, EINVAL: cannot tell
+            return False
+        return True
+
+
+def _forget_held_after_fork() -> None:
+    # A forked child reaps none of them (they are not its children), and a
+    # lock held by another thread at the fork would never be released.
+    global _HELD_LOCK
+    _HELD_LOCK = threading.Lock()
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
 def candidate_pids(ranges: list[tuple[int, int]] | None, known: int = 0) -> Iterator[int]:
     """Pids in `ranges` (see ranges_since), or every pid when None. A narrow
     range is probed pid by pid instead of listing /proc; `known` is a pid
     the caller knows to be a process (its command's leader, unreaped), whose
-    probe is skipped."""
+    probe is skipped, and other commands' leaders held unreaped are left
+    out (see _HELD)."""
     if ranges is None:
         return _all_pids()
     if width(ranges) <= DIRECT_PROBE_MAX:
-        return (p for lo, hi in ranges for p in range(lo, hi + 1) if p == known or is_process(p))
+        return (
+            p
+            for lo, hi in ranges
+            for p in range(lo, hi + 1)
+            if p == known or (not held_elsewhere(p) and is_process(p))
+        )
     return (p for p in _all_pids() if any(lo <= p <= hi for lo, hi in ranges))
 
 
