@@ -234,7 +234,7 @@ async def test_the_newest_mark_sends_a_wide_range_to_the_shared_scan_without_a_r
 
     monkeypatch.setattr(_procfs, "ranges_since", ranges_since)
     monkeypatch.setattr(_procfs, "NATIVE_SCAN", False)  # the Python scan, replaced below
-    monkeypatch.setattr(_procfs, "_snapshot", lambda ranges, known=0: _procfs.Rows())
+    monkeypatch.setattr(_procfs, "_snapshot", lambda ranges, census=False: _procfs.Rows())
     monkeypatch.setattr(_procfs, "_snapshot_in_slices", slow_scan)
 
     await _procfs.table_for(old)
@@ -279,9 +279,9 @@ def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) ->
     assert _procfs.spawn_mark() is fresh
 
 
-def test_a_known_process_is_not_probed_for_being_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a narrow range, the pid the caller knows to be a process (its leader) is taken as
-    one without reading its status; every other pid is still probed."""
+def test_every_pid_of_a_narrow_range_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a narrow range, each pid is probed for being a process (not a thread), and only
+    the processes are listed."""
     probed: list[int] = []
 
     def is_process(pid: int) -> bool:
@@ -289,10 +289,10 @@ def test_a_known_process_is_not_probed_for_being_a_thread(monkeypatch: pytest.Mo
         return pid == 12
 
     monkeypatch.setattr(_procfs, "is_process", is_process)
-    assert list(_procfs.candidate_pids([(10, 13)], known=11)) == [11, 12]
-    assert probed == [10, 12, 13]
-    probed.clear()
     assert list(_procfs.candidate_pids([(10, 13)])) == [12]
+    assert probed == [10, 11, 12, 13]
+    probed.clear()
+    assert list(_procfs.candidate_pids([(10, 13)], census=True)) == [12]  # nothing held there
     assert probed == [10, 11, 12, 13]
 
 
@@ -432,7 +432,7 @@ async def test_a_quiet_table_holds_the_leader_alone_without_a_range_probe(
 ) -> None:
     """table_for with a quiet counter reads nothing more: no mark, no probe of the range since
     the command's mark, an empty table (the leader's own row is never asked for); a counter that
-    moved takes the range as before, which holds the leader's row."""
+    moved takes the range as before (the child here is no command's held leader: it is listed)."""
     if not _procfs.IS_LINUX:
         pytest.skip("Linux's pid counter")
     import subprocess
@@ -534,22 +534,27 @@ def _held_child() -> tuple[subprocess.Popen[bytes], int]:
     return child, os.pidfd_open(child.pid)
 
 
-def test_another_commands_held_leader_is_left_out_of_a_narrow_table(probed: list[int]) -> None:
-    """A pid held unreaped as another command's leader is not probed (it can be no member
-    and carries no other command's cookie); once released, or once reaped by someone else
-    (its pid may be anyone's then), it is probed as any other pid."""
+def test_a_held_leader_is_left_out_of_a_census_table(probed: list[int]) -> None:
+    """A pid held unreaped as a command's leader is not probed for a census's table (it is
+    that command's own leader, whose row is never asked for, or another command's, which
+    can be no member and carries no other command's cookie); once released, or once reaped
+    by someone else (its pid may be anyone's then), it is probed as any other pid. Other
+    callers (the pytest plugin's cookie scan) always probe it."""
     if not _procfs.IS_LINUX or not hasattr(os, "pidfd_open"):
         pytest.skip("pidfds")
     child, fd = _held_child()
     try:
         _procfs.hold(child.pid, fd)
-        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        only = [(child.pid, child.pid)]
+        assert list(_procfs.candidate_pids(only, census=True)) == []
         assert probed == []
+        assert list(_procfs.candidate_pids(only)) == [child.pid]
+        probed.clear()
         child.stdin.close()  # type: ignore[union-attr]
         os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)  # exited, not reaped: still its pid
-        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        assert list(_procfs.candidate_pids(only, census=True)) == []
         child.wait()  # reaped behind the registry's back (a wait for any child, say)
-        assert list(_procfs.candidate_pids([(child.pid, child.pid)])) == []
+        assert list(_procfs.candidate_pids(only, census=True)) == []
         assert probed == [child.pid]  # probed, and found gone
     finally:
         _procfs.release_held(child.pid)
@@ -557,7 +562,7 @@ def test_another_commands_held_leader_is_left_out_of_a_narrow_table(probed: list
             child.kill()
             child.wait()
         os.close(fd)
-    assert not _procfs.held_elsewhere(child.pid)
+    assert not _procfs.held(child.pid)
 
 
 def test_a_held_leader_is_released_before_its_reap() -> None:
@@ -569,11 +574,11 @@ def test_a_held_leader_is_released_before_its_reap() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass", MARKER])
     leader = Leader(child.pid, child)
     try:
-        assert _procfs.held_elsewhere(child.pid)
+        assert _procfs.held(child.pid)
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
-        assert _procfs.held_elsewhere(child.pid)  # a zombie holds its pid
+        assert _procfs.held(child.pid)  # a zombie holds its pid
         assert leader.reap()
-        assert not _procfs.held_elsewhere(child.pid)
+        assert not _procfs.held(child.pid)
         assert child.pid not in _procfs._HELD
     finally:
         if not leader.reaped:
@@ -591,14 +596,14 @@ def test_a_forked_child_holds_none_of_its_parents_leaders() -> None:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the forked child
-            os.write(w, b"1" if not _procfs._HELD and not _procfs.held_elsewhere(child.pid) else b"0")
+            os.write(w, b"1" if not _procfs._HELD and not _procfs.held(child.pid) else b"0")
             os._exit(0)
         os.close(w)
         answer = os.read(r, 1)
         os.close(r)
         os.waitpid(pid, 0)
         assert answer == b"1"
-        assert _procfs.held_elsewhere(child.pid)
+        assert _procfs.held(child.pid)
     finally:
         _procfs.release_held(child.pid)
         child.stdin.close()  # type: ignore[union-attr]

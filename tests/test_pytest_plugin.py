@@ -862,6 +862,26 @@ def test_cookie_scan_narrowed_to_new_pids_is_complete() -> None:
         _kill_child(pid)
 
 
+def test_cookie_scan_sees_a_leader_an_owned_command_holds() -> None:
+    """A command's leader held unreaped by this process (left out of its censuses' tables) is
+    still seen by the leak check's narrowed cookie scan: a test can leak an owned command."""
+    mark = _procfs.pid_mark()
+    if mark is None or not hasattr(os, "pidfd_open"):
+        pytest.skip("no /proc or no pidfds")
+    token = "feedfacecafebeef"
+    env = dict(os.environ, **{COOKIE_ENV: f"{token}.call"})
+    pid = os.posix_spawnp("sleep", ["sleep", "30"], env)
+    fd = os.pidfd_open(pid)
+    _procfs.hold(pid, fd)
+    try:
+        assert _procfs.held(pid)
+        assert _leaks.cookie_scan(token, mark) == {pid: "call"}
+    finally:
+        _procfs.release_held(pid)
+        os.close(fd)
+        _kill_child(pid)
+
+
 def test_pid_mark_is_keyword_only() -> None:
     """PidMark fields cannot be passed positionally (their order was once swapped by a caller)."""
     with pytest.raises(TypeError):

@@ -310,8 +310,8 @@ def release_held(pid: int) -> None:
         _HELD.pop(pid, None)
 
 
-def held_elsewhere(pid: int) -> bool:
-    """Is `pid` another owned command's leader, still ours to reap?"""
+def held(pid: int) -> bool:
+    """Is `pid` an owned command's leader, still ours to reap?"""
     if pid not in _HELD:
         return False
     with _HELD_LOCK:
@@ -337,21 +337,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def candidate_pids(ranges: list[tuple[int, int]] | None, known: int = 0) -> Iterator[int]:
+def candidate_pids(ranges: list[tuple[int, int]] | None, *, census: bool = False) -> Iterator[int]:
     """Pids in `ranges` (see ranges_since), or every pid when None. A narrow
-    range is probed pid by pid instead of listing /proc; `known` is a pid
-    the caller knows to be a process (its command's leader, unreaped), whose
-    probe is skipped, and other commands' leaders held unreaped are left
-    out (see _HELD)."""
+    range is probed pid by pid instead of listing /proc. For a census's
+    table (`census`), the leaders held unreaped by this process's commands
+    are left out (see _HELD): that command's own, whose row no census,
+    member list or emptiness check asks for, and the others', which can be
+    neither its members nor its escapees. Any other caller (the pytest
+    plugin's cookie scan, which must see a leaked command's leader) gets
+    every process."""
     if ranges is None:
         return _all_pids()
     if width(ranges) <= DIRECT_PROBE_MAX:
-        return (
-            p
-            for lo, hi in ranges
-            for p in range(lo, hi + 1)
-            if p == known or (not held_elsewhere(p) and is_process(p))
-        )
+        if census:
+            return (p for lo, hi in ranges for p in range(lo, hi + 1) if not held(p) and is_process(p))
+        return (p for lo, hi in ranges for p in range(lo, hi + 1) if is_process(p))
     return (p for p in _all_pids() if any(lo <= p <= hi for lo, hi in ranges))
 
 
@@ -426,14 +426,14 @@ def snapshot(mark: PidMark | None) -> Rows:
     return _snapshot(ranges_since(mark))
 
 
-def _snapshot(ranges: list[tuple[int, int]] | None, known: int = 0) -> Rows:
+def _snapshot(ranges: list[tuple[int, int]] | None, *, census: bool = False) -> Rows:
     if ranges is None:
         native = native_table(None, 0)
         if native is not None:
             return native.rows
     if IS_LINUX:
         rows = Rows()
-        for pid in candidate_pids(ranges, known):
+        for pid in candidate_pids(ranges, census=census):
             info = read_stat(pid)
             if info is not None:
                 rows.append(info)
@@ -955,12 +955,13 @@ async def table_for(
     for every requester) before it is handed out. `known` is the command's
     leader, unreaped (0: none): when no pid was allocated since it, the
     table is empty (quiet_since; the leader's own row is never asked for,
-    by members, the census or is_empty)."""
+    by members, the census or is_empty). A narrow table leaves out every
+    leader held unreaped by this process's commands (candidate_pids)."""
     if known and quiet_since(mark, known):
         return ProcessTable(Rows())  # the leader's own row is never asked for
     ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
-        return ProcessTable(_snapshot(ranges, known))
+        return ProcessTable(_snapshot(ranges, census=True))
     return await _coalescer().table(cookie_key, started_since)
 
 
@@ -973,7 +974,7 @@ def _coalescer() -> _Coalescer:
         return coalescer
 
 
-def table_since(mark: PidMark | None, not_before: float, known: int = 0) -> ProcessTable:
+def table_since(mark: PidMark | None, not_before: float) -> ProcessTable:
     """A table for the command spawned after `mark`, without waiting: the
     newest shared full table if its scan began at or after `not_before`
     (trio time: when the question was asked), else a scan made now. For
@@ -985,7 +986,7 @@ def table_since(mark: PidMark | None, not_before: float, known: int = 0) -> Proc
         return latest  # a full table holds whatever a narrow one would
     ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
-        return ProcessTable(_snapshot(ranges, known))
+        return ProcessTable(_snapshot(ranges, census=True))
     began = trio.current_time()
     table = coalescer.latest = ProcessTable(_snapshot(None), began)
     return table

@@ -169,8 +169,7 @@ class Teardown:
 
     def _table_since_asked(self) -> ProcessTable:
         """A table begun after self._asked, without waiting (see table_since)."""
-        leader = self._leader
-        return _procfs.table_since(leader.mark, self._asked, leader.pid)
+        return _procfs.table_since(self._leader.mark, self._asked)
 
     def ask(self, when: float) -> None:
         """The owner asks for the stop at `when` (trio time): the bound
