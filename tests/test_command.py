@@ -886,3 +886,38 @@ async def test_a_cancel_during_an_off_loop_clone_tears_the_command_down(
     (receipt,) = receipts
     assert receipt.cause == "cancelled"
     assert receipt.domain_empty
+
+
+async def test_a_setup_failure_after_the_clone_leaves_no_zombie_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When setting up a command fails after its clone (here: its output drains), the command
+    is killed, and its leader, if not yet dead enough to reap, is handed to the reaper of a
+    later spawn: neither a zombie for the life of the program nor a leader a census skips."""
+    from trio_procown import _leader, _procfs, _spawn
+
+    spawned: list[int] = []
+
+    class Refused(Exception):
+        pass
+
+    def drain(*args: object, **kwargs: object) -> object:
+        raise Refused
+
+    real_leader_init = _leader.Leader.__init__
+
+    def leader_init(self: _leader.Leader, pid: int, *args: Any, **kwargs: Any) -> None:
+        spawned.append(pid)
+        real_leader_init(self, pid, *args, **kwargs)
+
+    monkeypatch.setattr(_leader.Leader, "__init__", leader_init)
+    monkeypatch.setattr(_spawn, "Drain", drain)
+    with pytest.raises(Refused):
+        await trio_procown.run_owned(py("import time; time.sleep(30)"), domain="process-group")
+    (pid,) = spawned
+    assert not _procfs.held(pid)
+    fd = _leader._DEFERRED.get(pid)
+    if fd is not None:  # not dead yet at the reap: wait for its death, then the later spawn's reap
+        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
+        _leader.reap_deferred()
+    assert pid not in _leader._DEFERRED
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie of ours left

@@ -439,7 +439,8 @@ def spawn_steps(
             drains = {name: Drain(name, fd, max_output) for name, fd in pipes.items()}
         except BaseException:
             leader.kill_now()
-            leader.reap()
+            if not leader.reap():  # (SIGKILL takes a moment): reaped at a later spawn
+                leader.defer()
             own_domain.release()
             raise
         feeder = Feeder(feeder_fd, feeder_src) if feeder_src is not None and feeder_fd is not None else None
