@@ -63,7 +63,7 @@ class Leader:
         self.pid = pid
         self.pidfd = _pidfd.open_pidfd(self.pid) if pidfd is None else pidfd
         if self.pidfd is not None:
-            _procfs.hold(self.pid, self.pidfd)  # other commands' censuses skip it (until closed)
+            _procfs.hold(self.pid, self.pidfd)  # censuses leave its pid out (until the reap)
         self.returncode: int | None = None
         self.reaped = False
         # Reaped by someone else before us: the kernel, when the program

@@ -280,20 +280,23 @@ def is_process(pid: int) -> bool:
     return False
 
 
-# The leaders of this process's other owned commands, held unreaped by
-# their teardowns through their pidfds (pid -> pidfd). Many commands at
-# once (an agent's tools, a build: 20 at a time) allocate pids mostly to
-# one another's leaders, and a census probed each of them (a pidfd_open
-# and a read of its stat, ~15-25 us) only to learn it is another
-# command's: not in this command's process group (it leads a session of
-# its own), not in its cgroup, and without its census cookie (the owner
-# spawned it, with that command's own token). A pid held here is left out
-# of a narrow table after one waitid() on its pidfd (~1-2 us) that shows
-# the process still ours to reap: running, or exited and not yet reaped,
-# so the pid is still its own. Reaped by someone else (SIGCHLD ignored, a
-# wait for any child), its pid may be another process's already: probed
-# as any other. Entries leave before their pidfd is closed, under the
-# lock the check holds (scans may run in a worker thread).
+# The leaders of this process's owned commands, held unreaped by their
+# teardowns through their pidfds (pid -> pidfd). Many commands at once (an
+# agent's tools, a build: 20 at a time) allocate pids mostly to one
+# another's leaders, and a census probed each of them (a pidfd_open and a
+# read of its stat, ~15-25 us; in the cgroup domain, of its environment
+# too) only to learn it is another command's: not in this command's
+# process group (it leads a session of its own), not in its cgroup, and
+# without its census cookie (the owner spawned it, with that command's
+# own token). The command's own leader is no better: no census, member
+# list or emptiness check asks for its row. So a census's table leaves out
+# a pid held here, after one waitid() on its pidfd (~1-2 us) that shows the
+# process still ours to reap: running, or exited and not yet reaped, so the
+# pid is still its own. Reaped by someone else (SIGCHLD ignored, a wait
+# for any child), its pid may be another process's already: probed as any
+# other. Entries leave before the reap and before their pidfd is closed,
+# under the lock the check holds (another thread may run a trio loop of
+# its own, and close a pidfd while this one checks).
 _HELD: dict[int, int] = {}
 _HELD_LOCK = threading.Lock()
 
