@@ -703,6 +703,16 @@ At {last:,} commands ({count(processes.processes if processes else None)} proces
   took {"up to " if runs > 1 else ""}{ms(by[(last, "cgroup")].wall if (last, "cgroup") in by else None)} (cgroup) and {ms(by[(last, "process-group")].wall if (last, "process-group") in by else None)} (process-group), {survivors_last} survivors, {first}
   {blocks}{then}
   loop {stall_verb} {ms(last_stall)}: {targets}."""
+    storm = _max((r.data("scaling").get("mass_storm_floor_stall_seconds") or {}).get(str(last)))
+    bare = _num((r.data("scaling").get("mass_bare_cancel_stall_seconds") or {}).get(str(last)))
+    if storm is not None:
+        past = (
+            "" if stall_goal is None else (" (past the goal)" if storm > stall_goal else " (within the goal)")
+        )
+        text += f""" With no library at all, plain
+  trio killing the same {last:,} trees (killpg from a thread, then awaiting each
+  leader) stalled its loop up to {ms(storm)}{past} in the same run: the kill
+  storm's floor on this machine (trio's own cancel of {last:,} bare tasks: {ms(bare)})."""
     growth = r.target(
         "scaling", re.compile(r"mass teardown \(cgroup\): cost per command at K=(\d+) vs K=(\d+)")
     )

@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -351,6 +353,77 @@ async def _bare_cancel_stall(k: int) -> float:
     return watch.longest
 
 
+def _worst(values: list[float]) -> float:
+    """The largest of `values` that is a number; NaN if none is."""
+    return max((v for v in values if v == v), default=float("nan"))
+
+
+async def _storm_floor(cfg: Config, k: int) -> float:
+    """The kill storm's floor for the stall: the same K trees with no
+    library, as plain trio runs them (each started by
+    trio.lowlevel.open_process in a session of its own, its "ready" read
+    from a pipe), then every group sent SIGTERM by killpg from one worker
+    thread (as the library's signaller does) and every leader awaited
+    (Process.wait) once they are all signalled. The longest gap between two
+    wakeups of a task looping on trio.sleep(0) from the first signal until
+    every leader is reaped: what the loop's thread gets of the CPU while
+    10,000 processes die, before any census, receipt or drain. The leaders
+    are reaped only after the signals, so no killpg can reach a recycled
+    group. NaN if the trees were not all ready in time."""
+    watch = _StallWatch()
+    procs: list[trio.Process] = []
+    ready = 0
+    all_ready, signalled = trio.Event(), trio.Event()
+
+    async def one() -> None:
+        nonlocal ready
+        proc = await trio.lowlevel.open_process(
+            ["sh", "-c", MASS_CMD], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        procs.append(proc)
+        assert proc.stdout is not None
+        seen = b""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(READY_LIMIT):
+                while b"ready" not in seen:
+                    chunk = await proc.stdout.receive_some()
+                    if not chunk:
+                        break
+                    seen += chunk
+            ready += 1
+            if ready == k:
+                all_ready.set()
+            await signalled.wait()
+            await proc.wait()
+            await proc.stdout.aclose()
+
+    def signal_all() -> None:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+    longest = float("nan")
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            for _ in range(k):
+                nursery.start_soon(one)
+            with trio.move_on_after(READY_LIMIT + k * 0.02):
+                await all_ready.wait()
+            if all_ready.is_set():
+                outer.start_soon(watch.run)
+                await trio.sleep(0)  # the watcher is running before the first signal
+            await trio.to_thread.run_sync(signal_all)
+            signalled.set()
+        if all_ready.is_set():
+            longest = watch.longest
+        outer.cancel_scope.cancel()
+    await _clean(cfg)
+    await _pid1_reaped()
+    return longest
+
+
 def _mass_runs(cfg: Config, k: int) -> int:
     """How many times the mass-teardown point of `k` commands runs."""
     return MASS_RUNS if not cfg.quick and k >= MASS_RUNS_FROM else 1
@@ -360,8 +433,11 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
     counts = cfg.pick([20, 50], [250, 500, 1000, 2000])
     mass = {(k, d): _MassPoint() for k in counts for d in domains}
     floors: dict[int, float] = {}
+    storms: dict[int, list[float]] = {}
     for k in counts:
         floors[k] = await _bare_cancel_stall(k)
+        print(f"[benchmarks] scaling: kill storm floor of {k} trees ...", file=sys.stderr, flush=True)
+        storms[k] = [await _storm_floor(cfg, k) for _ in range(_mass_runs(cfg, k))]
         for d in domains:
             print(
                 f"[benchmarks] scaling: mass teardown of {k} commands ({d}) ...", file=sys.stderr, flush=True
@@ -381,6 +457,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 "survivors",
                 "longest loop stall ms",
                 "trio's floor: stall of a bare cancel ms",
+                "kill storm floor: stall of plain trio ms",
                 "forced",
                 "not proved empty",
                 "ready after s",
@@ -397,6 +474,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
                     ms(floors[k]),
+                    ms(_worst(storms[k])),
                     f"{p.forced}/{p.receipts}",
                     str(p.not_empty),
                     f"{max(p.spawn, default=float('nan')):.1f}",
@@ -411,7 +489,10 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; trio's floor: "
             "the same measure when K bare trio tasks, each waiting, are cancelled together by one scope and "
             "each waits once more in a shielded scope (what trio's scheduler costs before any teardown "
-            "work). "
+            "work); kill storm floor: the same measure when plain trio, with no library, has started the "
+            "same K trees (trio.lowlevel.open_process, a session each), sends each group SIGTERM by killpg "
+            "from one worker thread and awaits every leader, run as many times as each domain's point "
+            "(its worst run): what the loop gets of the machine while the K trees die. "
             + (
                 f"Points of {MASS_RUNS_FROM:,} commands and more ran {MASS_RUNS} times each, the others once; "
                 "every figure of a point is its worst run's (forced and not proved empty: over all its runs)."
@@ -457,6 +538,9 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             {
                 **series(lambda p: max(p.stalls, default=float("nan"))),
                 "trio: bare cancel of K tasks (floor)": [(float(k), f * 1e3, 0.0) for k, f in floors.items()],
+                "plain trio: killpg of K trees from a thread (kill storm floor)": [
+                    (float(k), _worst(f) * 1e3, 0.0) for k, f in storms.items()
+                ],
             },
             ours=lambda label: label.startswith("trio_procown"),
             note=f"goal: <= {STALL_GOAL * 1e3:g} ms. Bottom panel: processes left.",
@@ -504,6 +588,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
         )
     section.data["mass"] = {f"{k} {d}": p.to_dict() for (k, d), p in mass.items()}
     section.data["mass_bare_cancel_stall_seconds"] = {str(k): f for k, f in floors.items()}
+    section.data["mass_storm_floor_stall_seconds"] = {str(k): f for k, f in storms.items()}
 
 
 PEER_KEYS = ("subprocess.run", "trio", "anyio", "adk")
