@@ -56,14 +56,52 @@ async def run_process_in_nursery(*args: Any, **kwargs: Any) -> AsyncIterator[Own
 
 
 async def test_basic() -> None:
-    """trio's test_basic, on the handle: status and repr (named trio_procown.OwnedProcess)."""
+    """trio's test_basic, on the handle: status, repr (trio.Process's words) and no pidfd lent out."""
     async with run_process_in_nursery(EXIT_TRUE) as proc:
         await proc.wait()
+    assert isinstance(proc, trio.Process)
+    assert proc._pidfd is None
     assert proc.returncode == 0
-    assert repr(proc) == f"<trio_procown.OwnedProcess {EXIT_TRUE}: exited with status 0>"
+    assert repr(proc) == f"<trio.Process {EXIT_TRUE}: exited with status 0>"
     async with run_process_in_nursery(EXIT_FALSE) as proc:
         await proc.wait()
     assert proc.returncode == 1
+    assert repr(proc) == f"<trio.Process {EXIT_FALSE}: exited with status 1>"
+
+
+async def test_repr_while_running_and_after_a_signal() -> None:
+    """The repr follows trio.Process's through the process's life: its pid while it runs, the signal after."""
+    async with run_process_in_nursery(SLEEP(3600)) as proc:
+        assert repr(proc) == f"<trio.Process {SLEEP(3600)}: running with PID {proc.pid}>"
+        proc.kill()
+        await proc.wait()
+        assert repr(proc) == f"<trio.Process {SLEEP(3600)}: exited with signal {int(signal.SIGKILL)}>"
+
+
+async def test_auto_update_returncode() -> None:
+    """trio's test_auto_update_returncode: proc._proc.wait() blocks until the process is
+    gone, and returncode and repr then say so without a checkpoint (it is not reaped: the
+    teardown still owns it)."""
+    async with run_process_in_nursery(SLEEP(9999)) as proc:
+        assert proc.returncode is None
+        assert "running" in repr(proc)
+        proc.kill()
+        with trio.testing.assert_no_checkpoints():
+            assert proc._proc.wait() == -signal.SIGKILL
+        assert proc.returncode == -signal.SIGKILL
+        assert "exited" in repr(proc)
+        assert proc.run.receipt is None  # the teardown, not the wait, reaps it
+
+
+async def test_private_popen_view_wait_times_out() -> None:
+    """proc._proc.wait(timeout) raises subprocess.TimeoutExpired while the process runs, as Popen's does."""
+    async with run_process_in_nursery(SLEEP(3600)) as proc:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc._proc.wait(timeout=0.05)
+        assert proc._proc.poll() is None
+        assert proc._proc.pid == proc.pid
+        trio.Process.terminate(proc)  # type: ignore[arg-type]  # trio's own method, unbound, reads _proc
+        assert await proc.wait() == -signal.SIGTERM
 
 
 async def test_pipes() -> None:
@@ -299,6 +337,7 @@ async def test_executable_as_in_popen() -> None:
     [
         (OwnedProcess.kill, signal.SIGKILL),
         (OwnedProcess.terminate, signal.SIGTERM),
+        (trio.Process.kill, signal.SIGKILL),  # trio's own, unbound: it reads proc._proc
         (lambda proc: proc.send_signal(signal.SIGUSR1), signal.SIGUSR1),
     ],
 )

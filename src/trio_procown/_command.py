@@ -342,6 +342,12 @@ class OwnedCommand:
         assert code is not None
         return code
 
+    def _block_until_exited(self, timeout: float) -> bool:
+        """Block this thread until the direct process has exited, at most
+        `timeout` seconds (not for the teardown, and not reaping it); True
+        if it did. For Popen-style waits (OwnedProcess._proc.wait())."""
+        return self._leader.reaped or self._leader.block_until_exited(timeout)
+
     def send_signal(self, sig: int) -> bool:
         """Send `sig` to the direct process only (not its domain); False if
         it has already exited. Safe against pid reuse: the process is held

@@ -200,6 +200,16 @@ class Leader:
                 if beside:
                     os.close(fd)
 
+    def block_until_exited(self, timeout: float) -> bool:
+        """Block the calling thread until the leader terminates, at most
+        `timeout` seconds, without reaping it; True if it did."""
+        if self.poll() is not None:
+            return True
+        if self.pidfd is None:
+            return _pidfd.block_until(lambda: self.poll() is not None, timeout)
+        # (Not reaped, so the pidfd is open: it is closed only after the reap.)
+        return _pidfd.wait_all_exited([self.pidfd], timeout) and self.poll() is not None
+
     def signal(self, sig: int) -> bool:
         """Signal the leader itself; False if it has already terminated."""
         if self.reaped:

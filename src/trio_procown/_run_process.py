@@ -36,11 +36,13 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Literal, final
@@ -155,9 +157,77 @@ class OwnedProcess:
         self.run.send_signal(signal.SIGKILL)
 
     def __repr__(self) -> str:
+        # trio.Process's own words, as isinstance() answers as for it: a log
+        # line or a test that matches trio's repr goes on matching
+        # (type(proc) names OwnedProcess).
         code = self.returncode
-        status = "running" if code is None else f"exited with status {code}"
-        return f"<trio_procown.OwnedProcess {self.args!r}: {status}>"
+        if code is None:
+            status = f"running with PID {self.pid}"
+        elif code < 0:
+            status = f"exited with signal {-code}"
+        else:
+            status = f"exited with status {code}"
+        return f"<trio.Process {self.args!r}: {status}>"
+
+    # trio.Process's private state, for code that reaches into it: trio's
+    # own methods called unbound (trio.Process.kill(proc) reads _proc), and
+    # proc._proc.wait() to block until the process is gone. _proc is a view
+    # with the members of subprocess.Popen those calls use. _pidfd is None,
+    # as trio's is once the process is reaped or where it has no pidfd: the
+    # owned command's pidfd is not lent out (the teardown closes it).
+    _pidfd: Final = None
+
+    @property
+    def _proc(self) -> _PopenView:
+        return _PopenView(self)
+
+
+@final
+class _PopenView:
+    """OwnedProcess._proc: the subprocess.Popen members that callers of
+    trio.Process's private Popen use, over the owned command. wait() blocks
+    the calling thread until the direct process has exited, as Popen's
+    does, but never reaps it: the teardown does, at its end."""
+
+    def __init__(self, proc: OwnedProcess) -> None:
+        self._owner = proc
+
+    @property
+    def pid(self) -> int:
+        return self._owner.pid
+
+    @property
+    def args(self) -> object:
+        return self._owner.args
+
+    @property
+    def returncode(self) -> int | None:
+        return self._owner.poll()
+
+    def poll(self) -> int | None:
+        return self._owner.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the direct process has exited (at most `timeout`
+        seconds: then subprocess.TimeoutExpired); its status."""
+        left = math.inf if timeout is None else timeout
+        deadline = time.monotonic() + left
+        while (code := self._owner.poll()) is None:
+            if left <= 0:
+                cmd: Any = self._owner.args
+                raise subprocess.TimeoutExpired(cmd, left if timeout is None else timeout)
+            self._owner.run._block_until_exited(min(left, 60.0))
+            left = deadline - time.monotonic()
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        self._owner.send_signal(sig)
+
+    def terminate(self) -> None:
+        self._owner.terminate()
+
+    def kill(self) -> None:
+        self._owner.kill()
 
 
 # It has every public member of trio.Process, so code ported from
