@@ -127,10 +127,34 @@ def test_timeout_gives_124_and_ends_the_forked_grandchild(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(
+    ("given", "seconds"),
+    [
+        ("30", 30.0),
+        ("2.5", 2.5),
+        ("90s", 90.0),
+        ("10m", 600.0),
+        ("1.5h", 5400.0),
+        ("2d", 172800.0),
+        ("0", 0.0),
+    ],
+)
+def test_durations_take_gnu_timeouts_units(given: str, seconds: float) -> None:
+    """--timeout, --grace and --kill-wait take a number of seconds or, as GNU timeout, one with a unit."""
+    from trio_procown._cli import build_parser
+
+    args = build_parser().parse_args(
+        ["run", "--timeout", given, "--grace", given, "--kill-wait", given, "--", "true"]
+    )
+    assert (args.timeout, args.grace, args.kill_wait) == (seconds, seconds, seconds)
+
+
+@pytest.mark.parametrize(
     "args",
     [
         pytest.param(["run", "--bogus", "--", "true"], id="unknown-option"),
         pytest.param(["run", "--timeout", "soon", "--", "true"], id="bad-number"),
+        pytest.param(["run", "--timeout", "5x", "--", "true"], id="bad-unit"),
+        pytest.param(["run", "--timeout", "m", "--", "true"], id="unit-alone"),
         pytest.param(["run", "--grace", "-1", "--", "true"], id="negative"),
         pytest.param(["run", "--domain", "jail", "--", "true"], id="bad-choice"),
         pytest.param(["run", "--max-output", "lots", "--", "true"], id="bad-size"),

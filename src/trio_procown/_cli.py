@@ -123,11 +123,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_PROCOWN, f"procown: error: {message} (see '{self.prog} --help')\n")
 
 
+# A duration's optional unit, as GNU timeout (and `procown timeout`) take it.
+_UNITS = {"s": 1, "m": 60, "h": 60 * 60, "d": 60 * 60 * 24}
+
+
 def _seconds(text: str) -> float:
+    scale = _UNITS.get(text[-1:], 0)
     try:
-        value = float(text)
+        value = float(text[:-1] if scale else text) * (scale or 1)
     except ValueError:
-        msg = f"not a number of seconds: {text!r}"
+        msg = f"not a number of seconds (like 30, 2.5, 90s, 10m, 1h, 1d): {text!r}"
         raise argparse.ArgumentTypeError(msg) from None
     if math.isnan(value) or value < 0 or math.isinf(value):
         msg = f"must be a finite, non-negative number of seconds: {text!r}"
@@ -170,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=_seconds,
         metavar="S",
-        help="tear the command down after S seconds (exit status 124); default: no timeout",
+        help="tear the command down after S seconds (exit status 124); S may end in s, m, h or d "
+        "(seconds, minutes, hours, days), as for GNU timeout; default: no timeout",
     )
     run.add_argument(
         "--grace",
