@@ -703,8 +703,9 @@ At {last:,} commands ({count(processes.processes if processes else None)} proces
   took {"up to " if runs > 1 else ""}{ms(by[(last, "cgroup")].wall if (last, "cgroup") in by else None)} (cgroup) and {ms(by[(last, "process-group")].wall if (last, "process-group") in by else None)} (process-group), {survivors_last} survivors, {first}
   {blocks}{then}
   loop {stall_verb} {ms(last_stall)}: {targets}."""
-    storm = _max((r.data("scaling").get("mass_storm_floor_stall_seconds") or {}).get(str(last)))
-    bare = _num((r.data("scaling").get("mass_bare_cancel_stall_seconds") or {}).get(str(last)))
+    scaling = r.data("scaling")
+    storm = _max((scaling.get("mass_storm_floor_stall_seconds") or {}).get(str(last)))
+    bare = _num((scaling.get("mass_bare_cancel_stall_seconds") or {}).get(str(last)))
     if storm is not None:
         past = (
             "" if stall_goal is None else (" (past the goal)" if storm > stall_goal else " (within the goal)")

@@ -210,14 +210,14 @@ class _PopenView:
     def wait(self, timeout: float | None = None) -> int:
         """Block until the direct process has exited (at most `timeout`
         seconds: then subprocess.TimeoutExpired); its status."""
-        left = math.inf if timeout is None else timeout
-        deadline = time.monotonic() + left
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         while (code := self._owner.poll()) is None:
+            left = deadline - time.monotonic()
             if left <= 0:
                 cmd: Any = self._owner.args
-                raise subprocess.TimeoutExpired(cmd, left if timeout is None else timeout)
+                raise subprocess.TimeoutExpired(cmd, timeout or 0.0)
+            # In slices: the wait below takes a finite bound (a poll() in ms).
             self._owner.run._block_until_exited(min(left, 60.0))
-            left = deadline - time.monotonic()
         return code
 
     def send_signal(self, sig: int) -> None:
