@@ -921,3 +921,20 @@ async def test_a_setup_failure_after_the_clone_leaves_no_zombie_held(monkeypatch
     assert pid not in _leader._DEFERRED
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped: no zombie of ours left
+
+
+async def test_a_plain_run_makes_no_reference_cycles(domain: str) -> None:
+    """A command that exits at once leaves no cyclic garbage: everything a
+    run allocates is freed by reference counting, so a program's collections
+    never have to find (and a full one never frees and rebuilds) any of it."""
+    command = ["sh", "-c", ":", MARKER]
+    await trio_procown.run_owned(command, domain=domain)  # first-use caches
+    gc.collect()
+    gc.disable()
+    try:
+        result = await trio_procown.run_owned(command, domain=domain)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert result.returncode == 0
+    assert found == 0

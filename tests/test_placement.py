@@ -620,3 +620,30 @@ def test_first_command_of_a_process_with_many_files_open() -> None:
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().splitlines() == ["auto exited 0 ok True", "process-group exited 0 ok True"]
     assert b"Traceback" not in done.stderr, done.stderr.decode()
+
+
+def test_spawn_array_types_survive_a_collection() -> None:
+    """The ctypes array types a spawn uses are kept alive: ctypes holds them
+    only weakly, so without our reference a full collection frees them and
+    the next spawn builds them again (a reference cycle per type)."""
+    import ctypes
+    import gc
+    import weakref
+
+    kind = _placement._array_type(ctypes.c_char_p, 3)
+    alive = weakref.ref(kind)
+    del kind
+    gc.collect()
+    assert alive() is not None
+    assert _placement._array_type(ctypes.c_char_p, 3) is alive()
+
+
+def test_long_array_types_are_not_kept() -> None:
+    """An array longer than the kept lengths is built, not kept: a program
+    running commands of ever-new lengths does not grow the table."""
+    import ctypes
+
+    n = _placement._ARRAY_TYPES_MAX_LEN + 1
+    kind = _placement._array_type(ctypes.c_char_p, n)
+    assert kind._length_ == n
+    assert (ctypes.c_char_p, n) not in _placement._ARRAY_TYPES
