@@ -117,6 +117,47 @@ async def test_take_eof_leaves_a_pipe_with_a_writer_to_its_task() -> None:
     assert drain.capture.total == 4
 
 
+async def test_take_eof_before_the_reading_task_first_ran() -> None:
+    """A command over before its drain got a turn: the teardown takes the
+    first chunk and then the end itself; the task, when it runs, reads on
+    after that chunk or finds the drain done, and nothing is read twice."""
+    import os
+
+    import trio
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    drain = Drain("stdout", r, 1 << 20)
+    os.write(w, b"all of it")
+    os.close(w)
+    assert drain.take_eof() is False  # the output, kept; the end left for later
+    assert drain.take_eof() is True
+    assert drain.done.is_set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drain.run)  # finds the drain done: returns at once
+    assert drain.capture.getvalue() == b"all of it"
+
+
+def test_take_eof_never_reads_while_the_task_is_between_reads() -> None:
+    """A reading task that yielded after a chunk (begun, not parked on the
+    pipe) reads again when it resumes, from the descriptor it holds: the
+    teardown then leaves the pipe to it, never closing it under the task."""
+    import os
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    drain = Drain("stdout", r, 1 << 20)
+    os.close(w)
+    drain._reading, drain._parked = True, False  # the task's state at its checkpoint after a chunk
+    try:
+        assert drain.take_eof() is False
+        assert drain.fd == r and not drain.done.is_set()
+    finally:
+        os.close(r)
+
+
 async def test_commands_ending_at_once_lose_no_output_to_the_teardown_taking_the_end() -> None:
     """The teardown sees a pipe's end itself when the command has exited; the reading task may
     already be woken then: it must neither read a closed descriptor nor lose a byte."""

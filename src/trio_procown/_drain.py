@@ -148,6 +148,7 @@ class Drain:
         self._changed: trio.Event | None = None
         self.skipped = 0  # bytes consumers skipped because they were dropped first
         self._parked = False  # the reading task waits for the pipe to be readable
+        self._reading = False  # a reading task has begun and not ended (it may be between reads)
         os.set_blocking(fd, False)
 
     def _notify(self) -> None:
@@ -177,6 +178,7 @@ class Drain:
             return
         self._scope = trio.CancelScope(shield=True)
         self._stopped = trio.Event()
+        self._reading = True
         # Start small: most commands print little, and enlarging a pipe
         # costs as much as a tenth of a spawn. A full first read means a
         # heavy writer: then enlarge the pipe and read in big chunks.
@@ -223,6 +225,7 @@ class Drain:
                     # stalls behind this loop.
                     await trio.lowlevel.checkpoint()
         finally:
+            self._reading = False
             if self._pausing and not self.eof and not self.abandoned:
                 self._pausing = False
                 self._stopped.set()
@@ -234,12 +237,17 @@ class Drain:
         its end, instead of waiting for the reading task's turn: True if the
         drain is done. Only while that task waits for the pipe (trio runs
         one task at a time, so no byte is read by two) and no lossless
-        consumer holds it back. One read: a chunk found there is kept, in
-        order, and the rest (and the end) is left to the task."""
+        consumer holds it back. Also before that task first runs (a command
+        that exits at once is often over before its drain got a turn): the
+        task then finds the drain done, or reads on after what was kept
+        here. Never while the task is between two reads of its own. One
+        read: a chunk found there is kept, in order, and the rest (and the
+        end) is left to the task."""
         if self.done.is_set():
             return True
         fd = self.fd
-        if fd is None or not self._parked or self._holders or self._pausing or self.abandoned:
+        between_reads = self._reading and not self._parked
+        if fd is None or between_reads or self._holders or self._pausing or self.abandoned:
             return False
         try:
             data = os.read(fd, FIRST_READ_SIZE)

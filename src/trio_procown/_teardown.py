@@ -367,7 +367,8 @@ class Teardown:
             if pending:
                 with trio.move_on_after(budget) as scope:
                     for drain in pending:
-                        await drain.done.wait()
+                        if not drain.done.is_set():  # (set meanwhile: no turn of the loop for it)
+                            await drain.done.wait()
                 expired = scope.cancelled_caught
             outcome = "expired" if expired else "eof"
             self.step(Action.WAIT, "output", f"budget {budget:g}s (drain_wait)", outcome)
