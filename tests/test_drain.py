@@ -153,7 +153,8 @@ def test_take_eof_never_reads_while_the_task_is_between_reads() -> None:
     drain._reading, drain._parked = True, False  # the task's state at its checkpoint after a chunk
     try:
         assert drain.take_eof() is False
-        assert drain.fd == r and not drain.done.is_set()
+        assert drain.fd == r
+        assert not drain.done.is_set()
     finally:
         os.close(r)
 
