@@ -66,3 +66,48 @@ def test_a_start_time_known_from_the_spawn_outlives_the_reap() -> None:
     assert info is not None
     assert known == info.start
     assert leader.start == known
+
+
+def test_a_wait_from_another_thread_survives_the_pidfd_being_closed_and_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drop-in's Popen.wait() blocks a thread of the caller's on the leader's pidfd
+    while the trio thread may reap the leader and close that pidfd, and a new descriptor
+    may take its number at once. The wait is on a duplicate taken before: it sees the
+    exit, not the readiness of whatever file now has the number."""
+    from conftest import MARKER
+    from trio_procown import _pidfd
+
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        env = [k + b"=" + v for k, v in os.environb.items()]
+        leader = Leader.spawn(
+            ["/bin/sh", "-c", "read x; exit 0", MARKER], stdin=r, stdout=null, stderr=null, cwd=None, env=env
+        )
+    finally:
+        os.close(null)
+        os.close(r)
+    number = leader.pidfd
+    reused: list[int] = []
+    real_wait = _pidfd.wait_all_exited
+
+    def race(pidfds: list[int], timeout: float) -> bool:
+        # What the trio thread may do between the check and the wait: the command ends,
+        # is reaped, its pidfd closed, and a pipe (never readable) takes the number.
+        os.close(w)
+        os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)
+        assert leader.reap()
+        assert number is not None
+        pr, pw = os.pipe()
+        reused.extend((pr, pw, os.dup2(pr, number)))
+        return real_wait(pidfds, timeout)
+
+    monkeypatch.setattr(_pidfd, "wait_all_exited", race)
+    try:
+        assert leader.block_until_exited(5.0) is True
+        assert leader.returncode == 0
+        assert reused  # the race happened as described: the number was taken again
+    finally:
+        for fd in reused:
+            os.close(fd)

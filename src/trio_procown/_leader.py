@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,11 @@ from ._placement import CloneRefused
 # Each is held by its pidfd where there is one, so the reap can only ever
 # take that very process, never a later child that got its pid.
 _DEFERRED: dict[int, int | None] = {}  # pid -> pidfd
+# Held while a leader's pidfd is taken from it to be closed, and while a
+# thread outside the trio run (the drop-in's Popen.wait) duplicates it: a
+# duplicate is then always of the leader's own pidfd, never of a descriptor
+# that reused its number after the close.
+_PIDFD_HANDOVER = threading.Lock()
 
 
 def reap_deferred() -> None:
@@ -207,8 +213,17 @@ class Leader:
             return True
         if self.pidfd is None:
             return _pidfd.block_until(lambda: self.poll() is not None, timeout)
-        # (Not reaped, so the pidfd is open: it is closed only after the reap.)
-        return _pidfd.wait_all_exited([self.pidfd], timeout) and self.poll() is not None
+        # Another thread may reap and close the pidfd meanwhile: wait on a
+        # duplicate of it, taken while it surely is still ours.
+        with _PIDFD_HANDOVER:
+            fd = self.pidfd
+            if fd is None:
+                return self.poll() is not None
+            fd = os.dup(fd)
+        try:
+            return _pidfd.wait_all_exited([fd], timeout) and self.poll() is not None
+        finally:
+            os.close(fd)
 
     def signal(self, sig: int) -> bool:
         """Signal the leader itself; False if it has already terminated."""
@@ -255,8 +270,9 @@ class Leader:
         if self.reaped and not (self.lost and self.pidfd is not None):
             return
         _procfs.release_held(self.pid)
-        _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
-        self.pidfd = None
+        with _PIDFD_HANDOVER:
+            _DEFERRED[self.pid] = self.pidfd  # the pidfd now belongs to the deferred reaper
+            self.pidfd = None
         self.reaped = True
         if self.popen is not None:
             self.popen.returncode = self.returncode if self.returncode is not None else -1
@@ -264,8 +280,9 @@ class Leader:
     def close(self) -> None:
         if self.pidfd is not None:
             _procfs.release_held(self.pid)
-            _pidfd.close(self.pidfd)
-            self.pidfd = None
+            with _PIDFD_HANDOVER:
+                fd, self.pidfd = self.pidfd, None
+            _pidfd.close(fd)
 
     def kill_now(self) -> None:
         """Last-resort SIGKILL of the leader and its group, used only when
