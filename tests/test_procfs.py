@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -254,6 +256,45 @@ def test_pid_mark_remembers_the_newest_mark() -> None:
     assert [mark] == _procfs._NEWEST
 
 
+def test_counters_are_read_through_kept_descriptors_that_survive_being_closed_or_replaced() -> None:
+    """The pid and clone counters are read through descriptors kept open. One closed behind
+    our back is opened anew; one whose number now holds another file (here a pipe, which a
+    pread refuses, and a regular file, whose contents fail the parse) is left to its new
+    owner, untouched and open, while the counters are read through a fresh descriptor."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("counters are read from /proc")
+    assert _procfs.pid_mark() is not None
+    kept = _procfs._KEPT["/proc/loadavg"]
+    assert _procfs.pid_mark() is not None
+    assert _procfs._KEPT["/proc/loadavg"] == kept  # the same descriptor, read again
+
+    os.close(kept)  # closed by someone else
+    mark = _procfs.pid_mark()
+    assert mark is not None
+    assert mark.last_pid > 0
+    assert os.readlink(f"/proc/self/fd/{_procfs._KEPT['/proc/loadavg']}") == "/proc/loadavg"
+
+    read_end, write_end = os.pipe()
+    given_up: list[int] = []  # the numbers the library no longer counts as its own
+    with open(os.devnull, "rb") as devnull, open(__file__, "rb") as source:
+        try:
+            for other in (read_end, source.fileno()):
+                kept = _procfs._KEPT["/proc/loadavg"]
+                given_up.append(kept)
+                os.dup2(other, kept)  # the number now holds someone else's file
+                os.write(write_end, b"theirs")
+                assert _procfs.pid_mark() is not None
+                fresh = _procfs._KEPT["/proc/loadavg"]
+                assert fresh != kept
+                assert os.readlink(f"/proc/self/fd/{fresh}") == "/proc/loadavg"
+                assert os.fstat(kept).st_ino == os.fstat(other).st_ino  # still theirs, open
+                os.dup2(devnull.fileno(), kept)  # (give the number back to something inert)
+            assert os.read(read_end, 100) == b"theirstheirs"  # nothing of theirs was consumed
+        finally:
+            for fd in (read_end, write_end, *given_up):
+                os.close(fd)
+
+
 def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     """spawn_mark reuses the newest mark read if it is at most MARK_REUSE old (any earlier
     mark is sound for a later spawn), and reads a fresh one otherwise."""
@@ -388,15 +429,15 @@ def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPa
 def _loadavg(monkeypatch: pytest.MonkeyPatch, last_pid: int, tasks: int = 180) -> list[str]:
     """Serve /proc/loadavg with `last_pid`; record every file read."""
     reads: list[str] = []
-    real = _procfs._read_small
+    real = _procfs._reread
 
-    def read_small(path: str) -> bytes:
+    def reread(path: str, check: Callable[[bytes], Any]) -> Any:
         reads.append(path)
         if path == "/proc/loadavg":
-            return f"0.10 0.20 0.30 2/{tasks} {last_pid}\n".encode()
-        return real(path)
+            return check(f"0.10 0.20 0.30 2/{tasks} {last_pid}\n".encode())
+        return real(path, check)
 
-    monkeypatch.setattr(_procfs, "_read_small", read_small)
+    monkeypatch.setattr(_procfs, "_reread", reread)
     return reads
 
 
@@ -420,10 +461,10 @@ def test_quiet_since_holds_only_while_the_leader_is_the_newest_pid(monkeypatch: 
     assert not _procfs.quiet_since(mark, 0)
     assert _procfs._NEWEST == []
 
-    def refused(path: str) -> bytes:
+    def refused(path: str, check: Callable[[bytes], Any]) -> Any:
         raise PermissionError(13, "refused", path)
 
-    monkeypatch.setattr(_procfs, "_read_small", refused)
+    monkeypatch.setattr(_procfs, "_reread", refused)
     assert not _procfs.quiet_since(mark, 5000)
 
 
