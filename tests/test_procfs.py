@@ -297,7 +297,9 @@ def test_counters_are_read_through_kept_descriptors_that_survive_being_closed_or
 
 def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
     """spawn_mark reuses the newest mark read if it is at most MARK_REUSE old (any earlier
-    mark is sound for a later spawn), and reads a fresh one otherwise."""
+    mark is sound for a later spawn). Older, it reads the pid counter afresh and keeps the
+    newest mark's clone count while that count is at most FORKS_REUSE old (read earlier, it
+    only widens the bound); past that, or with no mark at all, it reads both."""
     newest = PidMark(last_pid=500, forks=400, tasks=90)
     fresh = PidMark(last_pid=510, forks=410, tasks=90)
     reads: list[None] = []
@@ -311,13 +313,46 @@ def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(_procfs.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(_procfs, "_NEWEST", [newest])
     monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0] - _procfs.MARK_REUSE / 2])
+    monkeypatch.setattr(_procfs, "_FORKS_AT", [clock[0] - _procfs.MARK_REUSE / 2])
+    counters = _loadavg(monkeypatch, last_pid=505, tasks=95)
     assert _procfs.spawn_mark() is newest
     assert reads == []
+    assert counters == []
+
     clock[0] += _procfs.MARK_REUSE
+    assert _procfs.spawn_mark() == PidMark(last_pid=505, forks=400, tasks=95)
+    assert counters == ["/proc/loadavg"]  # the pid counter only
+    assert reads == []
+    assert [PidMark(last_pid=505, forks=400, tasks=95)] == _procfs._NEWEST
+
+    clock[0] += _procfs.FORKS_REUSE
     assert _procfs.spawn_mark() is fresh
     assert reads == [None]
     monkeypatch.setattr(_procfs, "_NEWEST", [])
     assert _procfs.spawn_mark() is fresh
+    assert reads == [None, None]
+
+
+def test_a_spawn_mark_is_read_whole_after_forks_reuse() -> None:
+    """With the real counters: a mark read whole stamps its clone count; later spawn marks
+    keep that count (and are never older than the pid counter they hold) until it is
+    FORKS_REUSE old."""
+    if not _procfs.IS_LINUX:
+        pytest.skip("marks are read from /proc")
+    whole = _procfs.pid_mark()
+    assert whole is not None
+    _procfs._NEWEST_AT[0] -= 2 * _procfs.MARK_REUSE
+    child = subprocess.run(["true"], check=True)  # a pid allocated since
+    assert child.returncode == 0
+    later = _procfs.spawn_mark()
+    assert later is not None
+    assert later.forks == whole.forks
+    assert later.last_pid != whole.last_pid
+    _procfs._NEWEST_AT[0] -= 2 * _procfs.MARK_REUSE
+    _procfs._FORKS_AT[0] -= 2 * _procfs.FORKS_REUSE
+    again = _procfs.spawn_mark()
+    assert again is not None
+    assert again.forks > whole.forks
 
 
 def test_every_pid_of_a_narrow_range_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
