@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -660,6 +661,30 @@ def test_a_held_leader_is_released_before_its_reap() -> None:
         if not leader.reaped:
             child.kill()
             leader.reap()
+
+
+def test_a_forked_child_reads_the_counters_though_another_thread_held_the_lock_at_the_fork() -> None:
+    """The lock that guards the kept descriptors, held (as by another thread) when the process
+    forks, does not hang the child when it must open a counter file anew."""
+    if not hasattr(os, "fork") or not _procfs.IS_LINUX:
+        pytest.skip("fork and /proc")
+    assert _procfs.pid_mark() is not None
+    kept = _procfs._KEPT["/proc/loadavg"]
+    r, w = os.pipe()
+    with _procfs._KEPT_LOCK:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the forked child
+            signal.alarm(5)  # a hang ends the child, without an answer
+            os.close(kept)  # so the read must open the file anew, under the lock
+            os.write(w, b"1" if _procfs.pid_mark() is not None else b"0")
+            os._exit(0)
+    os.close(w)
+    try:
+        answer = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert answer == b"1"
 
 
 def test_a_forked_child_holds_none_of_its_parents_leaders() -> None:

@@ -404,9 +404,12 @@ def held(pid: int) -> bool:
 
 def _forget_held_after_fork() -> None:
     # A forked child reaps none of them (they are not its children), and a
-    # lock held by another thread at the fork would never be released.
-    global _HELD_LOCK
+    # lock held by another thread at the fork would never be released. (The
+    # kept descriptors of _reread stay: a pread through them is the child's
+    # as much as ours.)
+    global _HELD_LOCK, _KEPT_LOCK
     _HELD_LOCK = threading.Lock()
+    _KEPT_LOCK = threading.Lock()
     _HELD.clear()
 
 
