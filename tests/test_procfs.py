@@ -336,8 +336,8 @@ def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_spawn_mark_is_read_whole_after_forks_reuse() -> None:
     """With the real counters: a mark read whole stamps its clone count; later spawn marks
-    keep that count (and are never older than the pid counter they hold) until it is
-    FORKS_REUSE old."""
+    read the pid counter afresh and keep that count until it is FORKS_REUSE old, then read
+    both."""
     if not _procfs.IS_LINUX:
         pytest.skip("marks are read from /proc")
     whole = _procfs.pid_mark()

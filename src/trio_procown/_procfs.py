@@ -187,9 +187,26 @@ def pid_mark() -> PidMark | None:
         mark = PidMark(last_pid=last_pid, forks=_reread("/proc/stat", _forks), tasks=tasks)
     except (OSError, ValueError, IndexError):
         return None
-    _NEWEST[:] = [mark]
-    _NEWEST_AT[0] = _FORKS_AT[0] = time.perf_counter()
+    _remember(mark)
+    _FORKS_AT[0] = _NEWEST_AT[0]
     return mark
+
+
+def _fresh_pid(forks: int) -> PidMark | None:
+    """A mark of the pid counter read now, with the clone count `forks`
+    read earlier (see quiet_since and spawn_mark); None where
+    /proc/loadavg cannot be read."""
+    try:
+        last_pid, tasks = _reread("/proc/loadavg", _loadavg)
+    except (OSError, ValueError, IndexError):
+        return None
+    return PidMark(last_pid=last_pid, forks=forks, tasks=tasks)
+
+
+def _remember(mark: PidMark) -> None:
+    """Make `mark` the newest mark read in this process, read now."""
+    _NEWEST[:] = [mark]
+    _NEWEST_AT[0] = time.perf_counter()
 
 
 def quiet_since(mark: PidMark | None, pid: int) -> bool:
@@ -207,14 +224,10 @@ def quiet_since(mark: PidMark | None, pid: int) -> bool:
     could make either of them miss processes."""
     if not IS_LINUX or mark is None or pid <= 0:
         return False
-    try:
-        last_pid, tasks = _reread("/proc/loadavg", _loadavg)
-    except (OSError, ValueError, IndexError):
+    fresh = _fresh_pid(mark.forks)
+    if fresh is None or fresh.last_pid != pid:
         return False
-    if last_pid != pid:
-        return False
-    _NEWEST[:] = [PidMark(last_pid=last_pid, forks=mark.forks, tasks=tasks)]
-    _NEWEST_AT[0] = time.perf_counter()
+    _remember(fresh)
     return True
 
 
@@ -245,13 +258,9 @@ def spawn_mark() -> PidMark | None:
         return newest
     if now - _FORKS_AT[0] > FORKS_REUSE:
         return pid_mark()
-    try:
-        last_pid, tasks = _reread("/proc/loadavg", _loadavg)
-    except (OSError, ValueError, IndexError):
-        return None
-    mark = PidMark(last_pid=last_pid, forks=newest.forks, tasks=tasks)
-    _NEWEST[:] = [mark]
-    _NEWEST_AT[0] = now
+    mark = _fresh_pid(newest.forks)
+    if mark is not None:
+        _remember(mark)
     return mark
 
 
