@@ -124,11 +124,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 # A duration's optional unit, as GNU timeout (and `procown timeout`) take it.
-_UNITS = {"s": 1, "m": 60, "h": 60 * 60, "d": 60 * 60 * 24}
+DURATION_UNITS = {"s": 1, "m": 60, "h": 60 * 60, "d": 60 * 60 * 24}
 
 
 def _seconds(text: str) -> float:
-    scale = _UNITS.get(text[-1:], 0)
+    scale = DURATION_UNITS.get(text[-1:], 0)
     try:
         value = float(text[:-1] if scale else text) * (scale or 1)
     except ValueError:

@@ -54,7 +54,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import trio
 
 from . import __version__
-from ._cli import EXIT_CANNOT_RUN, EXIT_NOT_FOUND, EXIT_PROCOWN, EXIT_TIMEOUT, SIGNAL_BASE
+from ._cli import DURATION_UNITS, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, EXIT_PROCOWN, EXIT_TIMEOUT, SIGNAL_BASE
 from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
 from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
@@ -161,7 +161,7 @@ _STRTOD = re.compile(
     )""",
     re.VERBOSE,
 )
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 60 * 60, "d": 60 * 60 * 24}
+_UNITS = {"": 1, **DURATION_UNITS}
 
 
 def parse_duration(text: str) -> float:
