@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import pytest
 
-from . import _keeper
 from ._errors import ProcessLeakError as ProcessLeakError
 from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 
@@ -347,6 +346,11 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
     watch.close()
     # The library's keeper is spared by every window; the run is over, so
     # it is told goodbye: one that does not exit is this check's to report.
+    # Imported here, not with this module: a pytest run with the check off
+    # (pytester's in-process runs too) does not need it, and its import
+    # registers a fork hook that a re-import would register again.
+    from . import _keeper
+
     _keeper.retire()
     kept = [pid for pid, start in state.reported.items() if is_running(pid, start)]
     leaks = watch.sweep(keep, exclude=lambda pid, start: state.reported.get(pid) == start, spare=state.spare)
