@@ -190,6 +190,71 @@ def test_owner_sigkilled_its_tree_and_cgroup_are_gone_within_the_bound(domain: s
             _remove_cgroup(cgroup)
 
 
+# An owner that dies the moment its first command's spawn returns (as one
+# whose command kills it at once would: `sh -c 'kill -9 $PPID'`), before the
+# library has done anything after the clone. argv: DOMAIN TAG.
+DIES_AT_SPAWN = f"""
+import os, signal, sys, trio, trio_procown
+from trio_procown import _leader
+
+spawn = _leader.Leader.spawn.__func__
+
+def spawn_then_die(cls, *args, **kwargs):
+    leader = spawn(cls, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return leader
+
+_leader.Leader.spawn = classmethod(spawn_then_die)
+
+async def main():
+    env = dict(os.environ, {TAG_VAR}=sys.argv[2])
+    await trio_procown.run_owned({TREE!r}, domain=sys.argv[1], env=env)
+
+trio.run(main)
+"""
+
+
+def _keepers_of(owner_pid: int) -> list[int]:
+    """Live keepers serving `owner_pid` (their command line names it)."""
+    serving = f"_keeper.serve({owner_pid})".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _live(int(name)):
+            with contextlib.suppress(OSError):
+                if serving in Path(f"/proc/{name}/cmdline").read_bytes():
+                    found.append(int(name))
+    return found
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("domain", domains())
+def test_owner_killed_as_the_spawn_returns_leaves_nothing(domain: str) -> None:
+    """The keeper is told of a domain before its spawn (its cgroup and census token), so an owner
+    SIGKILLed before anything after the clone ran still has its command ended, and its cgroup
+    removed, within the bound."""
+    tag = secrets.token_hex(8)
+    with contextlib.ExitStack() as stack:
+        env = dict(os.environ)
+        if domain == "cgroup":
+            env[_cgroup.ROOT_ENV] = root = stack.enter_context(private_cgroup_root())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", DIES_AT_SPAWN, domain, tag],
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            assert proc.wait(10) == -signal.SIGKILL
+            took = wait_until(lambda: not tagged(tag) and not _keepers_of(proc.pid), WITHIN)
+            assert took is not None, f"left after {WITHIN}s: {tagged(tag)}, keeper {_keepers_of(proc.pid)}"
+            if domain == "cgroup":
+                assert not [n for n in os.listdir(root) if n.startswith(f"procown-{proc.pid}-")]
+        finally:
+            kill_tagged(tag)
+            for pid in _keepers_of(proc.pid):
+                kill_and_wait(pid)
+
+
 @contextmanager
 def private_cgroup_root() -> Iterator[str]:
     """A cgroup root of this test's own, under a name no sweep judges (so

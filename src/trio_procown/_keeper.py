@@ -20,9 +20,12 @@
 # closes it at once (os.register_at_fork) and every write checks that the
 # writer is still the owner's pid, so a child never speaks for its parent.
 # An exec in the owner closes it too: for the keeper that is the owner's end.
-# The owner writes one line per domain (at the spawn, once the leader is
-# attached: one write, no round trip, a few microseconds) and one when the
-# domain is released:
+# The owner writes one line per domain just before the spawn (LEADER_PID
+# and LEADER_START 0: a command may kill its owner before the spawn has
+# returned, and the cgroup and the census token already find it), the same
+# line with the leader once it is attached (the same ID: it replaces the
+# first), and one when the domain is released; each a write, no round
+# trip, a few microseconds:
 #
 #   open  ID GRACE LEADER_PID LEADER_START TOKEN CGROUP   (tab-separated)
 #   close ID
@@ -714,6 +717,28 @@ def opened(entry: Entry, wanted: bool = True) -> Guard:
             return client.tell_open(client.counter, line)
     except Exception as exc:  # never fail a spawn for the keeper's sake
         return Guard(0, "unavailable", f"{type(exc).__name__}: {exc}")
+
+
+def attached(guard: Guard, entry: Entry) -> None:
+    """Tell the keeper the leader of a domain it was told of before the
+    spawn: the same ident, its line replaced; never raises. One write on the
+    common path. A keeper that is not reading keeps the first line (it still
+    names the cgroup and the census token); one that is gone is replaced,
+    and the new one told every open domain."""
+    client = _client
+    if guard.state != "guarded" or client is None or client.owner != os.getpid():
+        return
+    try:
+        with client.lock:
+            line = entry.line(guard.ident)
+            if guard.ident not in client.open or len(line) > PIPE_BUF:
+                return
+            client.open[guard.ident] = line
+            if client.write(line) == "gone":
+                client.forget()
+                client.start()
+    except Exception:  # never fail a spawn for the keeper's sake
+        return
 
 
 def _closed(guard: Guard) -> tuple[KeeperState, str]:

@@ -413,7 +413,14 @@ def spawn_steps(
         else:
             err_fd = _output_fd("stderr", stderr, pipes, targets, parent_fds, child_fds)
         program, spawn_argv = own_domain.command_line(argv, name or given_name(command, argv))
+        # The keeper ends the domain if this process dies before its
+        # teardown (started at the first command, see _keeper.py). It is told
+        # before the spawn, of what is known then (the cgroup, the census
+        # token): a command may kill this process before the spawn returns.
+        # Once the leader is known, the line is told again with it.
         mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
+        cgroup = getattr(own_domain, "path", "")
+        guard = _keeper.opened(_keeper.Entry(keeper_grace, 0, 0, census.token, cgroup), keeper)
         try:
             reap_deferred()  # (on the loop's thread: the clone may not be)
             leader = yield functools.partial(
@@ -431,6 +438,7 @@ def spawn_steps(
             leader.mark = mark
         except BaseException:
             own_domain.abort_spawn()
+            guard.close()
             raise
         started = trio.current_time()
         try:
@@ -442,6 +450,7 @@ def spawn_steps(
             if not leader.reap():  # (SIGKILL takes a moment): reaped at a later spawn
                 leader.defer()
             own_domain.release()
+            guard.close()
             raise
         feeder = Feeder(feeder_fd, feeder_src) if feeder_src is not None and feeder_fd is not None else None
     except BaseException:
@@ -451,11 +460,7 @@ def spawn_steps(
     finally:
         for fd in child_fds:
             os.close(fd)
-    # The keeper ends the domain if this process dies before its teardown:
-    # one write to its pipe (started at the first command, see _keeper.py).
-    cgroup = getattr(own_domain, "path", "")
-    told = _keeper.Entry(keeper_grace, leader.pid, leader.start, census.token, cgroup)
-    guard = _keeper.opened(told, keeper)
+    _keeper.attached(guard, _keeper.Entry(keeper_grace, leader.pid, leader.start, census.token, cgroup))
     return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets, guard)
 
 
