@@ -191,6 +191,20 @@ def test_command_that_cannot_be_run_gives_126(tmp_path: Path) -> None:
     assert done.stdout == b""
 
 
+def test_file_in_no_executable_format_runs_as_a_shell_script(tmp_path: Path) -> None:
+    """An executable file with no #! line (ENOEXEC) is run by /bin/sh with its arguments, as
+    execvp runs it for GNU timeout and env, found on PATH as execvp finds it; its status is the
+    script's own."""
+    script = tmp_path / "no-shebang"
+    script.write_text('echo "ran $1"\nexit 3\n')
+    script.chmod(0o755)
+    done = procown("run", "--", str(script), "with-arg")
+    assert (done.returncode, done.stdout) == (3, b"ran with-arg\n"), done.stderr
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    done = procown("run", "--", "no-shebang", "on-path", env=dict(os.environ, PATH=path))
+    assert (done.returncode, done.stdout) == (3, b"ran on-path\n"), done.stderr
+
+
 def test_command_not_found_gives_127() -> None:
     """A command that does not exist gives 127."""
     done = procown("run", "--", "procown-no-such-command-here")

@@ -527,50 +527,56 @@ async def _run_and_forward(
     sinks = {"stdout": _Sink(sys.stdout), "stderr": _Sink(sys.stderr)}
     forwarding = trio.CancelScope()
     owned = trio.CancelScope()
+    command = list(options.command)
     with forwarding:
         async with trio.open_nursery() as pumps:
             stopper.scope = owned
             with owned:
-                try:
-                    async with open_owned_command(
-                        options.command,
-                        timeout=options.timeout,
-                        grace=options.grace,
-                        kill_wait=options.kill_wait,
-                        stdin=stdin,
-                        cwd=options.cwd,
-                        domain=options.domain,
-                        escapees=options.escapees,
-                        max_output=options.max_output,
-                        # Our inheritable fds above 2 go on, as a shell's would
-                        # (a jobserver's pipe); a Slurm job runs elsewhere.
-                        pass_fds=() if options.domain == "slurm" else inherited_fds(),
-                    ) as run:
-                        for name in ("stdout", "stderr"):
-                            chunks = run.stream(name, lossless=True)
-                            pumps.start_soon(_pump, run, name, chunks, sinks[name])
-                        await run.wait()
-                except FileNotFoundError as exc:
-                    if run is not None:
-                        raise
-                    _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                    return EXIT_NOT_FOUND, None
-                except PermissionError as exc:
-                    if run is not None:
-                        raise
-                    _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                    return EXIT_CANNOT_RUN, None
-                except DomainUnavailable as exc:
-                    _say(f"procown: error: {exc}")
-                    return EXIT_PROCOWN, None
-                except OSError as exc:
-                    if run is not None:
-                        raise
-                    if exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
+                while True:
+                    try:
+                        async with open_owned_command(
+                            command,
+                            timeout=options.timeout,
+                            grace=options.grace,
+                            kill_wait=options.kill_wait,
+                            stdin=stdin,
+                            cwd=options.cwd,
+                            domain=options.domain,
+                            escapees=options.escapees,
+                            max_output=options.max_output,
+                            # Our inheritable fds above 2 go on, as a shell's would
+                            # (a jobserver's pipe); a Slurm job runs elsewhere.
+                            pass_fds=() if options.domain == "slurm" else inherited_fds(),
+                        ) as run:
+                            for name in ("stdout", "stderr"):
+                                chunks = run.stream(name, lossless=True)
+                                pumps.start_soon(_pump, run, name, chunks, sinks[name])
+                            await run.wait()
+                    except FileNotFoundError as exc:
+                        if run is not None:
+                            raise
+                        _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
+                        return EXIT_NOT_FOUND, None
+                    except PermissionError as exc:
+                        if run is not None:
+                            raise
                         _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
                         return EXIT_CANNOT_RUN, None
-                    _say(f"procown: error: cannot start {options.command[0]!r}: {_reason(exc)}")
-                    return EXIT_PROCOWN, None
+                    except DomainUnavailable as exc:
+                        _say(f"procown: error: {exc}")
+                        return EXIT_PROCOWN, None
+                    except OSError as exc:
+                        if run is not None:
+                            raise
+                        if exc.errno == errno.ENOEXEC and command == list(options.command):  # once
+                            command = shell_script_argv(options.command)
+                            continue
+                        if exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
+                            _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
+                            return EXIT_CANNOT_RUN, None
+                        _say(f"procown: error: cannot start {options.command[0]!r}: {_reason(exc)}")
+                        return EXIT_PROCOWN, None
+                    break
             # The owned block is over (torn down); what is left to forward is
             # in memory. A signal from now on abandons the forwarding.
             stopper.scope = forwarding
@@ -613,6 +619,18 @@ def _stdin() -> int | None:
     except OSError:
         return None
     return 0
+
+
+def shell_script_argv(command: Sequence[str]) -> list[str]:
+    """What execvp runs for a file in no format the kernel runs (ENOEXEC):
+    a shell script, as `/bin/sh FILE ARGS...` (glibc's fallback, which
+    GNU timeout, env and nohup inherit), FILE found on PATH as execvp
+    found it."""
+    import shutil  # (only here: start-up cost)
+
+    name = command[0]
+    path = name if "/" in name else (shutil.which(name) or name)
+    return ["/bin/sh", path, *command[1:]]
 
 
 def _reason(exc: OSError) -> str:

@@ -45,7 +45,6 @@ import errno
 import getopt
 import os
 import re
-import shutil
 import signal
 import sys
 import unicodedata
@@ -54,7 +53,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import trio
 
 from . import __version__
-from ._cli import DURATION_UNITS, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, EXIT_PROCOWN, EXIT_TIMEOUT, SIGNAL_BASE
+from ._cli import (
+    DURATION_UNITS,
+    EXIT_CANNOT_RUN,
+    EXIT_NOT_FOUND,
+    EXIT_PROCOWN,
+    EXIT_TIMEOUT,
+    SIGNAL_BASE,
+    shell_script_argv,
+)
 from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
 from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
@@ -510,13 +517,6 @@ class _Streams:
         )
 
 
-def _path_of(name: str) -> str:
-    """The file execvp would run for `name`."""
-    if "/" in name:
-        return name
-    return shutil.which(name) or name
-
-
 async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Receipt | None]:
     control = _Control(options)
     command = options.command
@@ -551,10 +551,8 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
             except OSError as exc:
                 if run is not None:
                     raise
-                if exc.errno == errno.ENOEXEC and argv[0] == command[0]:
-                    # As execvp: a file in no format the kernel runs is a
-                    # shell script (glibc runs `/bin/sh FILE ARGS...`).
-                    argv = ["/bin/sh", _path_of(command[0]), *command[1:]]
+                if exc.errno == errno.ENOEXEC and argv == list(command):  # once
+                    argv = shell_script_argv(command)  # as execvp
                     continue
                 return _spawn_failure(command[0], exc), None
             except ValueError as exc:
