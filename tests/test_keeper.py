@@ -255,6 +255,31 @@ def test_owner_killed_as_the_spawn_returns_leaves_nothing(domain: str) -> None:
                 kill_and_wait(pid)
 
 
+def test_lines_told_before_and_after_the_spawn_make_one_entry() -> None:
+    """The "open" line told before the spawn (no leader yet) and the "lead" line told after it
+    make one entry with the leader; a "lead" for a domain never opened, or already closed, is
+    ignored; "bye" ends the reading."""
+    domains: dict[bytes, list[bytes]] = {}
+    pending = _keeper.Entry(2.0, 0, 0, "tok", "/sys/fs/cgroup/x").line(7).rstrip(b"\n")
+    assert _keeper.take_line(domains, pending)
+    assert _keeper.take_line(domains, b"lead\t7\t4242\t99")
+    assert _keeper.take_line(domains, b"lead\t8\t5151\t1")
+    entry = _keeper.Entry.parse(domains[b"7"])
+    assert entry is not None
+    assert (entry.grace, entry.leader, entry.start, entry.token, entry.cgroup) == (
+        2.0,
+        4242,
+        99,
+        "tok",
+        "/sys/fs/cgroup/x",
+    )
+    assert list(domains) == [b"7"]
+    assert _keeper.take_line(domains, b"close\t7")
+    assert _keeper.take_line(domains, b"lead\t7\t4242\t99")
+    assert domains == {}
+    assert not _keeper.take_line(domains, b"bye")
+
+
 @contextmanager
 def private_cgroup_root() -> Iterator[str]:
     """A cgroup root of this test's own, under a name no sweep judges (so

@@ -22,12 +22,12 @@
 # An exec in the owner closes it too: for the keeper that is the owner's end.
 # The owner writes one line per domain just before the spawn (LEADER_PID
 # and LEADER_START 0: a command may kill its owner before the spawn has
-# returned, and the cgroup and the census token already find it), the same
-# line with the leader once it is attached (the same ID: it replaces the
-# first), and one when the domain is released; each a write, no round
-# trip, a few microseconds:
+# returned, and the cgroup and the census token already find it), one with
+# the leader once it is attached, and one when the domain is released; each
+# a write, no round trip, a few microseconds:
 #
 #   open  ID GRACE LEADER_PID LEADER_START TOKEN CGROUP   (tab-separated)
+#   lead  ID LEADER_PID LEADER_START
 #   close ID
 #   bye                     (clean exit with nothing open: end nothing)
 #
@@ -485,6 +485,21 @@ def _read_available() -> tuple[bytes, bool]:
         chunks.append(chunk)
 
 
+def take_line(domains: dict[bytes, list[bytes]], line: bytes) -> bool:
+    """Apply one of the owner's lines to `domains` (ident -> its open line's
+    fields, parsed only if needed); False for "bye"."""
+    fields = line.split(b"\t")
+    if fields[0] == b"open" and len(fields) >= 7:
+        domains[fields[1]] = fields
+    elif fields[0] == b"lead" and len(fields) >= 4 and fields[1] in domains:
+        domains[fields[1]][3:5] = fields[2:4]
+    elif fields[0] == b"close" and len(fields) >= 2:
+        domains.pop(fields[1], None)
+    elif fields[0] == b"bye":
+        return False
+    return True
+
+
 def serve(owner: int) -> int:
     """The keeper's life: read the owner's lines until it is gone; then end
     every domain still open."""
@@ -512,13 +527,8 @@ def serve(owner: int) -> int:
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            fields = line.split(b"\t")
-            if fields[0] == b"open" and len(fields) >= 7:
-                domains[fields[1]] = fields
-            elif fields[0] == b"close" and len(fields) >= 2:
-                domains.pop(fields[1], None)
-            elif fields[0] == b"bye":
-                return 0
+            if not take_line(domains, line):
+                return 0  # "bye"
         if eof or (watch is not None and watch in ready):
             break
         # Let the owner's next lines gather in the pipe for a while: a wakeup
@@ -721,10 +731,11 @@ def opened(entry: Entry, wanted: bool = True) -> Guard:
 
 def attached(guard: Guard, entry: Entry) -> None:
     """Tell the keeper the leader of a domain it was told of before the
-    spawn: the same ident, its line replaced; never raises. One write on the
-    common path. A keeper that is not reading keeps the first line (it still
-    names the cgroup and the census token); one that is gone is replaced,
-    and the new one told every open domain."""
+    spawn (a short "lead" line; a keeper started later is told the whole
+    `entry`); never raises. One write on the common path. A keeper that is
+    not reading keeps what it was told (the cgroup and the census token
+    still find the command); one that is gone is replaced, and the new one
+    told every open domain."""
     client = _client
     if guard.state != "guarded" or client is None or client.owner != os.getpid():
         return
@@ -734,7 +745,7 @@ def attached(guard: Guard, entry: Entry) -> None:
             if guard.ident not in client.open or len(line) > PIPE_BUF:
                 return
             client.open[guard.ident] = line
-            if client.write(line) == "gone":
+            if client.write(f"lead\t{guard.ident}\t{entry.leader}\t{entry.start}\n".encode()) == "gone":
                 client.forget()
                 client.start()
     except Exception:  # never fail a spawn for the keeper's sake
