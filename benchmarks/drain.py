@@ -13,6 +13,9 @@
 #     library's drain does (a steadier reference: with a 64 KiB pipe, reader
 #     and writer ping-pong when they share a CPU, so that loop is bimodal);
 #   - run_owned(max_output=1 MiB) at the large size;
+#   - run_owned at the large size with its stdout read as it arrives
+#     (run.stream, lossless, as `procown run` forwards it), max_output at
+#     its default (64 MiB): most bytes are read from the record's tail;
 #   - the writer with stdout on /dev/null: the ceiling no reader can beat.
 # Throughput is bytes / wall time from call to return (spawn included).
 # Then peak memory of run_owned at the large size above the interpreter's
@@ -98,6 +101,22 @@ async def _owned(size: int, problems: list[str]) -> None:
         problems.append(f"run_owned: cause={r.cause} output={r.output} stdout={out}")
 
 
+async def _owned_streamed(size: int, problems: list[str]) -> None:
+    # As `procown run` forwards a stream: every byte read as it arrives, the
+    # record bounded at the default max_output (64 MiB), so most of a large
+    # stream is read from the record's tail.
+    total = 0
+    async with (
+        trio_procown.open_owned_command(writer_argv(size)) as run,
+        run.stream("stdout", lossless=True) as chunks,
+    ):
+        async for chunk in chunks:
+            total += len(chunk)
+    r = run.receipt
+    if total != size or r is None or r.cause != "exited":
+        problems.append(f"run_owned streamed: read {total} of {size}, receipt {r and r.cause}")
+
+
 FAR = 600.0  # the peers' deadline: never reached
 PEER_VARIANTS = {
     "peer: subprocess.run capture_output": "subprocess.run",
@@ -157,16 +176,20 @@ async def run(cfg: Config) -> Section:
     plain_name = "plain os.read loop, 1 MiB reads"
     plain_big_pipe = "plain os.read loop, 1 MiB reads, 1 MiB pipe"
     owned_big = "run_owned max_output=1MiB"
+    owned_streamed = "run_owned, stdout streamed (lossless, default max_output)"
     ceiling_name = "writer → /dev/null (ceiling)"
     sizes: dict[str, int] = {trio_name: small}
     variants: dict[str, Measure] = {trio_name: timed_async(lambda: _trio(small, problems))}
     if big != small:
         sizes[owned_small] = small
         variants[owned_small] = timed_async(lambda: _owned(small, problems))
-    sizes.update({plain_name: big, plain_big_pipe: big, owned_big: big, ceiling_name: big})
+    sizes.update(
+        {plain_name: big, plain_big_pipe: big, owned_big: big, owned_streamed: big, ceiling_name: big}
+    )
     variants[plain_name] = timed_sync(lambda: _plain_loop(big, problems))
     variants[plain_big_pipe] = timed_sync(lambda: _plain_loop(big, problems, enlarge=True))
     variants[owned_big] = timed_async(lambda: _owned(big, problems))
+    variants[owned_streamed] = timed_async(lambda: _owned_streamed(big, problems))
     variants[ceiling_name] = timed_sync(lambda: _ceiling(big))
     loop = asyncio.new_event_loop()
     peer_probes: list[str] = []

@@ -47,6 +47,38 @@ def test_read_from_reports_skipped_bytes() -> None:
     assert (offset, data, skipped) == (10, b"89", 6)
 
 
+@given(
+    st.lists(st.tuples(st.binary(max_size=40), st.booleans()), max_size=40),
+    st.integers(min_value=0, max_value=100),
+)
+def test_a_reader_following_the_writer_gets_the_stream_it_could_keep(
+    steps: list[tuple[bytes, bool]], limit: int
+) -> None:
+    """Appends interleaved with reads (True: read after that append): each read returns exactly
+    the stream's bytes from its offset that the record still holds, and counts the rest as
+    skipped, wherever the offset falls among the tail's chunks."""
+    cap = Capture(limit)
+    stream = b""
+    offset = 0
+    seen = b""
+    skipped_total = 0
+    for chunk, read in [*steps, (b"", True)]:
+        cap.append(chunk)
+        stream += chunk
+        if not read:
+            continue
+        while True:
+            new_offset, data, skipped = cap.read_from(offset)
+            assert stream[offset + skipped : new_offset] == data
+            seen += data
+            skipped_total += skipped
+            offset = new_offset
+            if not data:
+                break
+    assert offset == len(stream) or not stream
+    assert len(seen) + skipped_total == len(stream)
+
+
 async def _aiter(chunks: list[bytes]) -> AsyncIterator[bytes]:
     for c in chunks:
         yield c

@@ -123,8 +123,19 @@ class Capture:
         if offset < start:
             skipped = start - offset
             offset = start
-        tail = self._tail_bytes()
-        return self.total, tail[offset - start :], skipped
+        # Only the newest chunks that hold [offset, total): a consumer close
+        # behind the writer costs what it reads, not the whole tail (up to
+        # half of max_output, joined at every read before).
+        need = self.total - offset
+        parts: list[bytes] = []
+        have = 0
+        for chunk in reversed(self._tail):
+            parts.append(chunk)
+            have += len(chunk)
+            if have >= need:
+                break
+        joined = parts[0] if len(parts) == 1 else b"".join(reversed(parts))
+        return self.total, joined[len(joined) - need :], skipped
 
 
 class Drain:
