@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -97,6 +98,44 @@ async def test_lines_without_trailing_newline() -> None:
     """The last line is yielded even without a newline; empty input yields nothing."""
     assert [x async for x in lines(_aiter([b"a\nb"]), "utf-8", "strict")] == ["a\n", "b"]
     assert [x async for x in lines(_aiter([]), "utf-8", "strict")] == []
+
+
+@given(
+    st.lists(st.text(alphabet="ab\né", max_size=30), max_size=12),
+    st.data(),
+    st.integers(min_value=1, max_value=6),
+)
+def test_lines_are_the_text_whatever_the_chunking_and_never_longer_than_the_bound(
+    texts: list[str], data: st.DataObject, max_line: int
+) -> None:
+    """Bytes cut at arbitrary points (inside characters too) come out as the same text, in
+    lines that end with their newline, except a piece of a line longer than `max_line` (exactly
+    `max_line` characters, more of that line following) and the last line."""
+    raw = "".join(texts).encode()
+    cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(raw)), max_size=8)))
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+
+    async def collect() -> list[str]:
+        return [x async for x in lines(_aiter(chunks), "utf-8", "strict", max_line)]
+
+    got = trio.run(collect)
+    assert "".join(got) == raw.decode()
+    for i, piece in enumerate(got):
+        assert piece
+        if piece.endswith("\n"):
+            assert len(piece) <= max_line + 1
+            assert "\n" not in piece[:-1]
+        else:
+            assert "\n" not in piece
+            assert len(piece) == max_line or i == len(got) - 1
+
+
+async def test_a_long_line_in_many_small_chunks_comes_out_whole() -> None:
+    """A line arriving in 4 KiB pieces (a progress bar redrawn with carriage returns) is one
+    line, below the default bound."""
+    line = b"\r".join(b"%d%%" % n for n in range(100_000)) + b"\n"
+    chunks = [line[i : i + 4096] for i in range(0, len(line), 4096)]
+    assert [x async for x in lines(_aiter(chunks), "utf-8", "strict")] == [line.decode()]
 
 
 # -- the teardown taking a pipe's end (Drain.take_eof) --------------------------------------

@@ -319,7 +319,9 @@ class OwnedCommand:
     ) -> AsyncIterator[str]:
         """Iterate over a stream's text lines (newline kept; a last line
         without one is yielded too), decoded incrementally so a character
-        split across reads comes out whole. Same policy as `stream`.
+        split across reads comes out whole. Same policy as `stream`. A line
+        longer than 64 Mi characters comes in pieces of that size (only the
+        last with its newline): memory stays bounded.
 
         Synopsis::
 

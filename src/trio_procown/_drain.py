@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import errno
+import itertools
 import os
 from collections import deque
 from collections.abc import AsyncIterator
@@ -400,12 +401,22 @@ class ChunkStream:
 
 class LineStream:
     """An async iterator over text lines (newline kept), decoded incrementally
-    so a character split across chunks comes out whole."""
+    so a character split across chunks comes out whole.
 
-    def __init__(self, chunks: AsyncIterator[bytes], encoding: str, errors: str) -> None:
+    A line still open is kept as a list of pieces, joined once its newline
+    (or the end) comes: a long line arriving in many small chunks (a
+    progress bar redrawn with carriage returns) costs its length, not its
+    length times the number of chunks. A line that reaches `max_line`
+    characters and goes on is yielded in pieces of `max_line` characters
+    (only the last with the newline), so memory stays bounded whatever the
+    command writes."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], encoding: str, errors: str, max_line: int) -> None:
         self._chunks = chunks
         self._decoder = codecs.getincrementaldecoder(encoding)(errors=errors)
-        self._pending = ""
+        self._max_line = max(1, max_line)
+        self._parts: list[str] = []  # the line still open
+        self._open = 0  # characters in _parts
         self._ready: deque[str] = deque()
         self._finished = False
 
@@ -420,16 +431,47 @@ class LineStream:
                 chunk = await self._chunks.__anext__()
             except StopAsyncIteration:
                 self._finished = True
-                rest = self._pending + self._decoder.decode(b"", final=True)
-                self._pending = ""
-                if rest:
-                    self._ready.append(rest)
+                self._take(self._decoder.decode(b"", final=True))
+                if self._open:
+                    self._ready.append("".join(self._parts))
+                    self._parts, self._open = [], 0
                 continue
-            *complete, self._pending = (self._pending + self._decoder.decode(chunk)).split("\n")
-            self._ready.extend(line + "\n" for line in complete)
+            self._take(self._decoder.decode(chunk))
         return self._ready.popleft()
 
+    def _take(self, text: str) -> None:
+        pieces = text.split("\n")
+        last = pieces.pop()  # the line left open
+        if pieces:
+            self._extend(pieces[0])
+            self._end_line()
+            if len(text) < self._max_line or max(map(len, pieces)) < self._max_line:
+                self._ready.extend(line + "\n" for line in itertools.islice(pieces, 1, None))
+            else:
+                for line in itertools.islice(pieces, 1, None):
+                    self._extend(line)
+                    self._end_line()
+        self._extend(last)
 
-def lines(chunks: AsyncIterator[bytes], encoding: str, errors: str) -> LineStream:
+    def _end_line(self) -> None:
+        self._parts.append("\n")
+        self._ready.append("".join(self._parts))
+        self._parts, self._open = [], 0
+
+    def _extend(self, text: str) -> None:
+        """Add `text` (no newline) to the open line, yielding full pieces."""
+        while text:
+            if self._open >= self._max_line:
+                self._ready.append("".join(self._parts))
+                self._parts, self._open = [], 0
+            piece = text[: self._max_line - self._open]
+            self._parts.append(piece)
+            self._open += len(piece)
+            text = text[len(piece) :]
+
+
+def lines(
+    chunks: AsyncIterator[bytes], encoding: str, errors: str, max_line: int = DEFAULT_MAX_OUTPUT
+) -> LineStream:
     """Split a byte stream into text lines; see LineStream."""
-    return LineStream(chunks, encoding, errors)
+    return LineStream(chunks, encoding, errors, max_line)
