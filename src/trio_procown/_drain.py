@@ -135,7 +135,7 @@ class Capture:
             have += len(chunk)
             if have >= need:
                 break
-        joined = parts[0] if len(parts) == 1 else b"".join(reversed(parts))
+        joined = b"".join(reversed(parts))  # (one part: that part itself, no copy)
         return self.total, joined[len(joined) - need :], skipped
 
 
@@ -442,8 +442,7 @@ class LineStream:
                 self._finished = True
                 self._take(self._decoder.decode(b"", final=True))
                 if self._open:
-                    self._ready.append("".join(self._parts))
-                    self._parts, self._open = [], 0
+                    self._flush()
                 continue
             self._take(self._decoder.decode(chunk))
         return self._ready.popleft()
@@ -462,17 +461,20 @@ class LineStream:
                     self._end_line()
         self._extend(last)
 
-    def _end_line(self) -> None:
-        self._parts.append("\n")
+    def _flush(self) -> None:
+        """Yield the open line (or piece) as it is, and start a new one."""
         self._ready.append("".join(self._parts))
         self._parts, self._open = [], 0
+
+    def _end_line(self) -> None:
+        self._parts.append("\n")
+        self._flush()
 
     def _extend(self, text: str) -> None:
         """Add `text` (no newline) to the open line, yielding full pieces."""
         while text:
             if self._open >= self._max_line:
-                self._ready.append("".join(self._parts))
-                self._parts, self._open = [], 0
+                self._flush()
             piece = text[: self._max_line - self._open]
             self._parts.append(piece)
             self._open += len(piece)

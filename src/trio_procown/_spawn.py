@@ -419,8 +419,8 @@ def spawn_steps(
         # token): a command may kill this process before the spawn returns.
         # Once the leader is known, the line is told again with it.
         mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
-        cgroup = getattr(own_domain, "path", "")
-        guard = _keeper.opened(_keeper.Entry(keeper_grace, 0, 0, census.token, cgroup), keeper)
+        told = _keeper.Entry(keeper_grace, token=census.token, cgroup=getattr(own_domain, "path", ""))
+        guard = _keeper.opened(told, keeper)
         try:
             reap_deferred()  # (on the loop's thread: the clone may not be)
             leader = yield functools.partial(
@@ -460,7 +460,8 @@ def spawn_steps(
     finally:
         for fd in child_fds:
             os.close(fd)
-    _keeper.attached(guard, _keeper.Entry(keeper_grace, leader.pid, leader.start, census.token, cgroup))
+    told.leader, told.start = leader.pid, leader.start
+    _keeper.attached(guard, told)
     return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets, guard)
 
 
