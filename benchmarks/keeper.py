@@ -83,19 +83,14 @@ def _start_cost(n: int) -> tuple[list[float], list[float]]:
     """The owner's posix_spawn of a keeper, and a keeper's life to its exit on EOF."""
     spawn, life = [], []
     for _ in range(n):
-        r, w = os.pipe()
-        args = _keeper.argv(os.getpid())
+        ends: list[int] = []
+        lines, _ = _keeper.pipe(ends)
+        bell, _ = _keeper.pipe(ends)
         start = time.perf_counter()
-        pid = os.posix_spawn(
-            args[0],
-            args,
-            {},
-            file_actions=[(os.POSIX_SPAWN_DUP2, r, 0), (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)],
-            setsid=True,
-        )
+        pid = _keeper.spawn(os.getpid(), lines, bell, {})
         spawn.append(time.perf_counter() - start)
-        os.close(r)
-        os.close(w)
+        for fd in ends:
+            os.close(fd)
         os.waitpid(pid, 0)
         life.append(time.perf_counter() - start)
     return spawn, life

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import trio
 
 import trio_procown
 from conftest import MARKER, MARKER_VAR
@@ -472,22 +473,72 @@ async def test_forked_child_never_speaks_for_the_owner() -> None:
     assert run.receipt.keeper == "guarded"
 
 
+def _keeper_fds(pid: int) -> dict[int, str]:
+    return {int(n): os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+
+
+async def _set_up(pid: int) -> dict[int, str]:
+    """The keeper's descriptors once it has set itself up (cwd "/", a pidfd on the owner: its
+    last step before it waits); it may have been started by this test's command."""
+    with trio.fail_after(10):
+        while True:
+            fds = _keeper_fds(pid)
+            if os.readlink(f"/proc/{pid}/cwd") == "/" and "anon_inode:[pidfd]" in fds.values():
+                return fds
+            await trio.sleep(0.01)
+
+
 async def test_keeper_holds_nothing_of_the_owner() -> None:
-    """The keeper runs in its own session, in "/", with stdout/stderr on /dev/null, the pipe as
-    stdin, and only the cookies of the environment (no marker of ours)."""
+    """The keeper runs in its own session, in "/", with stdout/stderr on /dev/null, the lines' pipe
+    as stdin, the bell as fd 3, and only the cookies of the environment (no marker of ours)."""
     await trio_procown.run_owned(["true"])
     pid = _keeper.current_pid()
     info = _keeper.stat(pid)
     assert info is not None
     assert info.pgrp == pid
-    assert os.readlink(f"/proc/{pid}/cwd") == "/"
-    fds = {int(n): os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+    fds = await _set_up(pid)
     assert fds[0].startswith("pipe:")
+    assert fds[_keeper.BELL].startswith("pipe:")
+    assert fds[0] != fds[_keeper.BELL]
     assert fds[1] == fds[2] == os.devnull
-    assert set(fds) <= {0, 1, 2, 3}  # 3: a pidfd on the owner
+    assert set(fds) == {0, 1, 2, _keeper.BELL, _keeper.BELL + 1}  # and a pidfd on the owner
     env = _environ(pid)
     assert f"{MARKER_VAR}={MARKER}".encode() not in env
     assert {e.split(b"=")[0].decode() for e in env.split(b"\0") if e} <= set(_keeper.KEPT_ENV)
+
+
+def _wakeups(pid: int) -> int:
+    """How many times `pid` has gone to sleep and been woken (voluntary context switches)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no voluntary_ctxt_switches in /proc/{pid}/status")
+
+
+async def test_keeper_sleeps_through_its_owners_commands() -> None:
+    """The keeper is not woken by the lines of each command (a wakeup takes CPU from the spawn):
+    commands told and released one by one, apart, leave it asleep; the owner rings the bell once
+    RING_AT bytes are unread, and the keeper then has every line."""
+    await trio_procown.run_owned(["true"])
+    pid = _keeper.current_pid()
+    await _set_up(pid)
+    before = _wakeups(pid)
+    client = _keeper._client
+    assert client is not None
+    for _ in range(5):
+        await trio.sleep(0.06)  # apart: an earlier keeper read in 50 ms batches, woken by the first line
+        await trio_procown.run_owned(["true"])
+        assert 0 < client.unread < _keeper.RING_AT
+    assert _wakeups(pid) == before
+    async with trio_procown.open_owned_command(["sleep", "30"]) as run:
+        while client.unread:  # until the bell rings: the lines of commands spawned meanwhile
+            await trio_procown.run_owned(["true"])
+        with trio.fail_after(10):
+            while _wakeups(pid) == before:
+                await trio.sleep(0.01)
+        await run.terminate()
+    assert run.receipt is not None
+    assert run.receipt.keeper == "guarded"
 
 
 # -- the ladder never signals what it was not told about ----------------------------

@@ -15,11 +15,12 @@
 # SIGINT, SIGTERM, SIGHUP ignored: only the end of its owner, or SIGKILL,
 # ends it.
 #
-# Its stdin is the read end of a pipe whose only writer is the owner. The
-# write end is close-on-exec and non-blocking in the owner; a forked child
-# closes it at once (os.register_at_fork) and every write checks that the
-# writer is still the owner's pid, so a child never speaks for its parent.
-# An exec in the owner closes it too: for the keeper that is the owner's end.
+# Its stdin is the read end of a pipe whose only writer is the owner, and its
+# fd 3 the read end of a second one, the bell. Both write ends are
+# close-on-exec and non-blocking in the owner; a forked child closes them at
+# once (os.register_at_fork) and every write checks that the writer is still
+# the owner's pid, so a child never speaks for its parent. An exec in the
+# owner closes them too: for the keeper that is the owner's end.
 # The owner writes one line per domain just before the spawn (LEADER_PID
 # and LEADER_START 0: a command may kill its owner before the spawn has
 # returned, and the cgroup and the census token already find it), one with
@@ -31,16 +32,27 @@
 #   close ID
 #   bye                     (clean exit with nothing open: end nothing)
 #
-# The keeper reads these lines at most every BATCH (50 ms): a wakeup per
-# line would take CPU from the owner on every spawn (measured: ~3% of a
-# spawn-and-wait on 2 cores), and the pipe holds ~500 (64 KiB). End of
-# file without "bye", or the owner's pidfd reporting its exit (which wakes
-# it at once, and also covers a write end leaked to a child that forked
-# without Python's hooks), means the owner is gone. The keeper then runs the
-# library's ladder on every domain still open, all at once (end_domains):
-# SIGTERM+SIGCONT, wait up to that command's grace, SIGKILL (cgroup.kill
-# where there is one), wait up to KILL_WAIT, remove the cgroups, and exits.
-# Its bound is the largest grace it was told plus KILL_WAIT, plus the scans.
+# The keeper does not wake for these lines: it waits on the bell, on the
+# line pipe's hang-up and on the owner's pidfd, never on the lines
+# themselves. A wakeup takes CPU from the owner's spawn: measured after
+# 50 ms idle on 2 vCPUs, the keeper woken by the line written just before
+# the clone cost spawn-and-wait of /bin/true 140-180 us (1.26-1.27 x trio
+# against 1.18-1.20 x without a keeper, three runs of 150 interleaved
+# rounds, process-group domain); the 50 ms batches of
+# earlier versions did not help there, as the first line after a pause
+# woke it anyway. So the lines stay in the pipe until the owner rings the
+# bell: once RING_AT bytes are unread (~130 commands, a quarter of the
+# pipe), and with "bye". The pipe is left at its 64 KiB: a larger one
+# counts against the user's pipe-user-pages-soft for as long as the owner
+# lives (past that limit, every new pipe of the user's gets 8 KiB). End of file
+# without "bye", or the owner's pidfd reporting its exit (which also covers
+# a write end leaked to a child that forked without Python's hooks), means
+# the owner is gone; everything it wrote is still in the pipe. The keeper
+# then runs the library's ladder on every domain still open, all at once
+# (end_domains): SIGTERM+SIGCONT, wait up to that command's grace, SIGKILL
+# (cgroup.kill where there is one), wait up to KILL_WAIT, remove the
+# cgroups, and exits. Its bound is the largest grace it was told plus
+# KILL_WAIT, plus the scans.
 #
 # It never signals anything it was not told about:
 # - a cgroup is ours by its unique name; members are signalled through
@@ -78,6 +90,7 @@ import os
 import select
 import sys
 import time
+from stat import S_ISFIFO
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,7 +111,8 @@ KEPT_ENV = ("TRIO_PROCOWN_COOKIE", "TRIO_PROCOWN_TEST_COOKIE", "LD_LIBRARY_PATH"
 KILL_WAIT = 1.0  # the library's default kill_wait
 POLL = 0.02  # how often the ladder looks again while it waits
 EXIT_WAIT = 1.0  # how long a clean exit of the owner waits for the keeper to end
-BATCH = 0.05  # the keeper reads the owner's lines at most this often (see serve)
+RING_AT = 16384  # the owner rings the bell once this many bytes of lines are unread (see serve)
+BELL = 3  # the keeper's descriptor of the bell's read end
 PIPE_BUF = 4096  # a pipe write up to this size is atomic
 
 HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
@@ -469,13 +483,13 @@ def _watch_owner(owner: int) -> int | None:
     return fd
 
 
-def _read_available() -> tuple[bytes, bool]:
-    """Everything the pipe holds now (stdin is non-blocking); and whether it
-    reached end-of-file."""
+def _read_available(fd: int = 0) -> tuple[bytes, bool]:
+    """Everything the pipe `fd` holds now (it is non-blocking); and whether
+    it reached end-of-file."""
     chunks: list[bytes] = []
     while True:
         try:
-            chunk = os.read(0, 65536)
+            chunk = os.read(fd, 65536)
         except BlockingIOError:
             return b"".join(chunks), False
         except OSError:
@@ -500,29 +514,43 @@ def take_line(domains: dict[bytes, list[bytes]], line: bytes) -> bool:
     return True
 
 
+def _bell() -> bool:
+    """Is BELL the read end of a pipe (the owner's bell)?"""
+    try:
+        if not S_ISFIFO(os.fstat(BELL).st_mode):
+            return False
+        os.set_blocking(BELL, False)
+    except OSError:
+        return False
+    return True
+
+
 def serve(owner: int) -> int:
-    """The keeper's life: read the owner's lines until it is gone; then end
-    every domain still open."""
+    """The keeper's life: wait for the owner's bell or its end, reading its
+    lines each time; once it is gone, end every domain still open."""
     os.chdir("/")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # nothing of the owner's stays open here
+        os.closerange(BELL + 1, os.sysconf("SC_OPEN_MAX"))  # nothing of the owner's stays open here
     except (OSError, ValueError):
         pass
     os.set_blocking(0, False)
     watch = _watch_owner(owner)
-    either = select.poll()  # the pipe or the owner's end
-    either.register(0, select.POLLIN)
-    ended = select.poll()  # the owner's end only: its exit, or the pipe's hang-up (no data)
-    ended.register(0, 0)  # events 0: POLLHUP is reported anyway, POLLIN is not
+    waits = select.poll()
+    if _bell():
+        waits.register(BELL, select.POLLIN)
+        waits.register(0, 0)  # the lines' pipe: its hang-up only (events 0: POLLHUP is reported anyway)
+    else:  # started without a bell: every line wakes it
+        waits.register(0, select.POLLIN)
     if watch is not None:
-        either.register(watch, select.POLLIN)
-        ended.register(watch, select.POLLIN)
+        waits.register(watch, select.POLLIN)
     domains: dict[bytes, list[bytes]] = {}  # ident -> its open line's fields, parsed only if needed
     pending = b""
     while True:
-        ready = {fd for fd, _ in either.poll()}
+        ready = dict(waits.poll())
+        if BELL in ready and _read_available(BELL)[1]:
+            waits.unregister(BELL)  # rung for the last time: the lines' pipe says the rest
         data, eof = _read_available()  # the owner is gone: everything it wrote is in the pipe
         pending += data
         *lines, pending = pending.split(b"\n")
@@ -531,10 +559,6 @@ def serve(owner: int) -> int:
                 return 0  # "bye"
         if eof or (watch is not None and watch in ready):
             break
-        # Let the owner's next lines gather in the pipe for a while: a wakeup
-        # per line would take CPU from the owner on every spawn. Its end (or
-        # the pipe's last writer closing) still wakes us at once.
-        ended.poll(int(BATCH * 1000))
     entries = [e for e in map(Entry.parse, domains.values()) if e is not None]
     if entries:
         end_domains(entries)
@@ -552,6 +576,43 @@ def argv(owner: int) -> list[str]:
     isolated (-I: no PYTHON* variables, no user site) and without site (-S)."""
     code = f"import os, sys; sys.path.append({HERE!r}); import _keeper; os._exit(_keeper.serve({owner}))"
     return [sys.executable, "-I", "-S", "-c", code]
+
+
+def pipe(ends: list[int]) -> tuple[int, int]:
+    """A pipe whose read end is numbered above BELL (it is dup'ed onto 0 or
+    BELL in the keeper, and onto its own number would stay close-on-exec);
+    both ends are appended to `ends` as they are made. The write end is
+    non-blocking."""
+    import fcntl
+
+    r, w = os.pipe()
+    ends += (r, w)
+    if r <= BELL:
+        low, r = r, fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, BELL + 1)
+        ends[ends.index(low)] = r
+        os.close(low)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def spawn(owner: int, lines: int, bell: int, env: dict[str, str]) -> int:
+    """Start a keeper for `owner` (argv), with `lines` as its stdin and
+    `bell` as its BELL, both numbered above BELL; its pid."""
+    args = argv(owner)
+    return os.posix_spawn(
+        args[0],
+        args,
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, lines, 0),
+            (os.POSIX_SPAWN_DUP2, bell, BELL),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ],
+        setsid=True,
+        setsigmask=(),
+        setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE),
+    )
 
 
 class Guard:
@@ -580,7 +641,9 @@ class _Client:
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.lock = _thread.allocate_lock()
-        self.fd = -1  # write end of the pipe
+        self.fd = -1  # write end of the lines' pipe
+        self.bell = -1  # write end of the bell
+        self.unread = 0  # bytes of lines written since the bell last rang
         self.pid = 0
         self.pidfd: int | None = None
         self.generation = 0
@@ -589,52 +652,48 @@ class _Client:
         self.told: set[int] = set()  # the open domains the current keeper was told of
         self.exit_hook = False
 
-    def write(self, data: bytes) -> str:
-        """ "ok", "full" (the keeper is not reading) or "gone" (no reader)."""
+    def write(self, data: bytes, ring: bool = False) -> str:
+        """ "ok", "full" (the keeper is not reading) or "gone" (no reader).
+        The bell rings once RING_AT bytes are unread, or when `ring`."""
         if self.fd < 0 or os.getpid() != self.owner:
             return "gone"
         try:
             n = os.write(self.fd, data)
         except BlockingIOError:
-            return "full"
+            n = 0
         except OSError:  # EPIPE: the keeper is gone
             return "gone"
+        self.unread += n
+        if ring or n < len(data) or self.unread >= RING_AT:
+            try:
+                os.write(self.bell, b"!")
+                self.unread = 0
+            except BlockingIOError:
+                pass  # rung already, and not answered: the keeper is not reading
+            except OSError:
+                return "gone"
         return "ok" if n == len(data) else "full"
 
     def start(self) -> str:
         """Start a keeper and tell it every open domain; "" or why not."""
-        import fcntl
-
+        ends: list[int] = []
         try:
-            r, w = os.pipe()
+            lines_r, lines_w = pipe(ends)
+            bell_r, bell_w = pipe(ends)
         except OSError as exc:
+            for fd in ends:
+                os.close(fd)
             return f"no pipe for the keeper: {exc}"
         try:
-            if r < 3:  # dup2 onto its own number would keep close-on-exec
-                low, r = r, fcntl.fcntl(r, fcntl.F_DUPFD_CLOEXEC, 3)
-                os.close(low)
-            env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
-            args = argv(self.owner)
-            pid = os.posix_spawn(
-                args[0],
-                args,
-                env,
-                file_actions=[
-                    (os.POSIX_SPAWN_DUP2, r, 0),
-                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, 1, 2),
-                ],
-                setsid=True,
-                setsigmask=(),
-                setsigdef=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE),
-            )
+            pid = spawn(self.owner, lines_r, bell_r, {k: os.environ[k] for k in KEPT_ENV if k in os.environ})
         except Exception as exc:
-            os.close(w)
+            os.close(lines_w)
+            os.close(bell_w)
             return f"the keeper could not be started: {type(exc).__name__}: {exc}"
         finally:
-            os.close(r)
-        os.set_blocking(w, False)
-        self.fd, self.pid = w, pid
+            os.close(lines_r)
+            os.close(bell_r)
+        self.fd, self.bell, self.pid, self.unread = lines_w, bell_w, pid, 0
         try:
             self.pidfd = os.pidfd_open(pid) if HAVE_PIDFD else None
         except OSError:
@@ -645,17 +704,18 @@ class _Client:
 
             atexit.register(at_exit)
             self.exit_hook = True
-        # Every open domain, as far as the pipe takes them (64 KiB, ~500 lines,
-        # before the new keeper reads): one that does not fit is "lost".
+        # Every open domain, as far as the pipe takes them (64 KiB, ~500
+        # lines, before the new keeper reads): one that does not fit is "lost".
         self.told = {ident for ident, line in self.open.items() if self.write(line) == "ok"}
         return ""
 
     def forget(self, wait: float = 0.1) -> bool:
         """Close our end and reap the keeper, waiting at most `wait` for it
         to exit; True if it did."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for end in (self.fd, self.bell):
+            if end >= 0:
+                os.close(end)
+        self.fd = self.bell = -1
         pid, fd = self.pid, self.pidfd
         self.pid, self.pidfd = 0, None
         if pid == 0:
@@ -793,7 +853,7 @@ def retire(wait: float = EXIT_WAIT) -> bool:
     with client.lock:
         if client.open:
             return False
-        client.write(b"bye\n")
+        client.write(b"bye\n", ring=True)
         return client.forget(wait)
 
 
@@ -806,8 +866,10 @@ def at_exit() -> None:
     if client is None or client.owner != os.getpid() or client.fd < 0:
         return
     if client.open:
-        os.close(client.fd)
-        client.fd = -1
+        for end in (client.fd, client.bell):
+            if end >= 0:
+                os.close(end)
+        client.fd = client.bell = -1
         return
     retire()
 
@@ -817,7 +879,7 @@ def _after_fork_in_child() -> None:
     client, _client = _client, None
     _CREATE = _thread.allocate_lock()  # another thread may have held it at the fork
     if client is not None:
-        for fd in (client.fd, client.pidfd):
+        for fd in (client.fd, client.bell, client.pidfd):
             if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
