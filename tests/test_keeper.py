@@ -518,7 +518,8 @@ def _wakeups(pid: int) -> int:
 async def test_keeper_sleeps_through_its_owners_commands() -> None:
     """The keeper is not woken by the lines of each command (a wakeup takes CPU from the spawn):
     commands told and released one by one, apart, leave it asleep; the owner rings the bell once
-    RING_AT bytes are unread, and the keeper then has every line."""
+    RING_AT bytes are unread, and that wakes it (that the lines then reach it is proven by the
+    tests that kill the owner)."""
     await trio_procown.run_owned(["true"])
     pid = _keeper.current_pid()
     await _set_up(pid)

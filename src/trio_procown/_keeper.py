@@ -709,13 +709,18 @@ class _Client:
         self.told = {ident for ident, line in self.open.items() if self.write(line) == "ok"}
         return ""
 
-    def forget(self, wait: float = 0.1) -> bool:
-        """Close our end and reap the keeper, waiting at most `wait` for it
-        to exit; True if it did."""
+    def close_ends(self) -> None:
+        """Close our ends of the lines' pipe and of the bell: for the keeper,
+        this process's end."""
         for end in (self.fd, self.bell):
             if end >= 0:
                 os.close(end)
         self.fd = self.bell = -1
+
+    def forget(self, wait: float = 0.1) -> bool:
+        """Close our end and reap the keeper, waiting at most `wait` for it
+        to exit; True if it did."""
+        self.close_ends()
         pid, fd = self.pid, self.pidfd
         self.pid, self.pidfd = 0, None
         if pid == 0:
@@ -866,10 +871,7 @@ def at_exit() -> None:
     if client is None or client.owner != os.getpid() or client.fd < 0:
         return
     if client.open:
-        for end in (client.fd, client.bell):
-            if end >= 0:
-                os.close(end)
-        client.fd = client.bell = -1
+        client.close_ends()
         return
     retire()
 
