@@ -788,13 +788,21 @@ def _startup(r: Results) -> str:
         return ms(_num(_get(stats, name, "median")))
 
     run = r.target("startup", "procown run -- true / import trio")
-    plugin = r.target("startup", "pytest start-up, plugin off: extra over no plugin")
+    plugin = r.target(
+        "startup", re.compile(r"pytest start-up, plugin off: extra over no plugin( \(paired\))?")
+    )
+    paired = d.get("pytest_plugin_off_paired_extra_seconds")
+    extra = (
+        f"a paired extra of {ms(_num(paired))} (median of per-round differences)"
+        if paired is not None
+        else f"an extra of {ms(_num(d.get('pytest_plugin_off_extra_seconds')))}"
+    )
     return f"""\
 - Start-up: `procown run -- true` took {med("procown run -- true")}, {x(_num(d.get("procown_run_over_import_trio")))}
   `python -c "import trio"` ({med('python -c "import trio"')}; the target of {limit(run, digits=".2f")} was {verdict((("procown run", run),))}
   in this run); `import trio_procown` alone took {med('python -c "import trio_procown"')}. pytest with the
   plugin off (`--procown-leaks=off`) took {med("pytest --procown-leaks=off")} against {med("pytest -p no:procown")} with
-  `-p no:procown`, an extra of {ms(_num(d.get("pytest_plugin_off_extra_seconds")))} (target {limit(plugin, plus=True)}, {verdict((("the plugin", plugin),))}); the
+  `-p no:procown`, {extra} (target {limit(plugin, plus=True)}, {verdict((("the plugin", plugin),))}); the
   plugin's import alone took {ms(_median(d.get("plugin_import_seconds")))}."""
 
 
