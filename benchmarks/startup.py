@@ -1,7 +1,7 @@
 # Scenario 8: start-up costs, whole processes.
 #
-# What it measures (issue 16's start-up rows), each against its peer in the
-# same interleaved rounds:
+# What it measures (issue 16's start-up rows), each against its peer in
+# interleaved rounds:
 #
 # 1. `procown run -- true` against `python -c "import trio"`: what the
 #    command line costs beyond the runtime it is built on. Also
@@ -11,7 +11,9 @@
 # 2. pytest on a one-test file with the plugin installed but off
 #    (`--procown-leaks=off`) against the same run without it
 #    (`-p no:procown`): the plugin is imported by every pytest run through
-#    its entry point, so its import is the cost.
+#    its entry point, so its import is the cost. These two run in rounds of
+#    their own, back to back in a shuffled order, and are judged on the
+#    median of the per-round differences.
 #
 # Every child runs with cached bytecode, as an installed package does: the
 # environment's PYTHONDONTWRITEBYTECODE is dropped and PYTHONPYCACHEPREFIX
@@ -115,10 +117,17 @@ async def run(cfg: Config) -> Section:
                 [sys.executable, "-c", "import trio_procown"], env, work
             ),
             'python -c "import trio"': _process([sys.executable, "-c", "import trio"], env, work),
+        }
+        samples = await interleaved(variants, rounds, warmup)
+        # The two pytest runs get rounds of their own, so that the two runs of a round are
+        # back to back (in a shuffled order) and the paired difference sees no third process
+        # between them: among five variants, the machine's drift within a round showed as
+        # -32 to +36 ms on the same code.
+        pytest_variants = {
             "pytest --procown-leaks=off": _process([*pytest_argv, "--procown-leaks=off"], env, work),
             "pytest -p no:procown": _process([*pytest_argv, "-p", "no:procown"], env, work),
         }
-        samples = await interleaved(variants, rounds, warmup)
+        samples.update(await interleaved(pytest_variants, rounds, warmup))
         plugin_import = [
             await trio.to_thread.run_sync(_plugin_import_seconds, env, work) for _ in range(cfg.pick(5, 15))
         ]
