@@ -789,7 +789,8 @@ def _startup(r: Results) -> str:
 
     run = r.target("startup", "procown run -- true / import trio")
     plugin = r.target(
-        "startup", re.compile(r"pytest start-up, plugin off: extra over no plugin( \(paired\))?")
+        "startup",
+        re.compile(r"pytest start-up, plugin off: extra over no plugin( \((isolated, )?paired\))?"),
     )
     paired = d.get("pytest_plugin_off_paired_extra_seconds")
     extra = (
@@ -797,6 +798,12 @@ def _startup(r: Results) -> str:
         if paired is not None
         else f"an extra of {ms(_num(d.get('pytest_plugin_off_extra_seconds')))}"
     )
+    isolated = d.get("pytest_plugin_isolated_paired_extra_seconds")
+    if isolated is not None:
+        extra += (
+            f"; with no other plugin autoloaded (judged: the others' start-up varies by far more), "
+            f"a paired extra of {ms(_num(isolated))}"
+        )
     return f"""\
 - Start-up: `procown run -- true` took {med("procown run -- true")}, {x(_num(d.get("procown_run_over_import_trio")))}
   `python -c "import trio"` ({med('python -c "import trio"')}; the target of {limit(run, digits=".2f")} was {verdict((("procown run", run),))}

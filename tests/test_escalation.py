@@ -137,10 +137,3 @@ def test_deadline_is_not_an_event_of_a_running_command() -> None:
     """Before any teardown there is no teardown deadline to pass."""
     with pytest.raises(IllegalTransition):
         Escalation(BUDGETS).handle(Event.DEADLINE)
-
-
-def test_defaults_are_the_documented_budgets() -> None:
-    """Grace 2 s, kill_wait 1 s, drain_wait 0.5 s: one place for every owner's defaults."""
-    from trio_procown._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
-
-    assert (DEFAULT_GRACE, DEFAULT_KILL_WAIT, DEFAULT_DRAIN_WAIT) == (2.0, 1.0, 0.5)

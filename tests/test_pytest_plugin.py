@@ -894,10 +894,12 @@ def test_plugin_imports_no_leak_machinery_until_used() -> None:
     """Every pytest run imports the plugin (entry point): with leaks off it
     must not pull in trio, psutil, _leaks or _keeper (whose import registers
     a fork hook, again at each re-import: pytester's in-process runs drop
-    the plugin's modules after each run); its lazy names still resolve."""
+    the plugin's modules after each run), nor _escalation's enums for the
+    two default budgets it shows; its lazy names still resolve."""
     code = (
         "import sys, trio_procown.pytest_plugin as p\n"
-        "heavy = ('trio', 'psutil', 'trio_procown._leaks', 'trio_procown._command', 'trio_procown._keeper')\n"
+        "heavy = ('trio', 'psutil', 'trio_procown._leaks', 'trio_procown._command', 'trio_procown._keeper',\n"
+        "         'trio_procown._escalation')\n"
         "heavy = [m for m in heavy if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "assert p.NoLeaks.__name__ == 'NoLeaks' and p.OwnedCommands.__name__ == 'OwnedCommands'\n"

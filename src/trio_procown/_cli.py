@@ -713,7 +713,7 @@ def _slurm_line() -> str:
 def _stale_domains(clean: bool) -> tuple[list[str], bool]:
     """doctor's lines on stale domains, and False if some could not be removed."""
     from . import _cgroup, _stale
-    from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
+    from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 
     top = os.environ.get(_cgroup.ROOT_ENV) or _cgroup.cgroup2_mount()
     if top is None:

@@ -36,15 +36,13 @@ import outcome
 import trio
 
 from . import _cloner, _mass
+from ._budgets import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._census import EscapeePolicy
 from ._choice import DomainName, bind_domain
 from ._domain import BY_THE_CALLER, Sent
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream, lines
 from ._errors import HandoffError
 from ._escalation import (
-    DEFAULT_DRAIN_WAIT,
-    DEFAULT_GRACE,
-    DEFAULT_KILL_WAIT,
     Budgets,
     Escalation,
     Event,

@@ -36,16 +36,10 @@ import enum
 import signal
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-if TYPE_CHECKING:  # annotations only: the pytest plugin imports this module at start-up
+if TYPE_CHECKING:  # annotations only
     from ._receipt import Cause, OutputState
 
 EscapeePolicy = Literal["terminate", "report"]
-
-# The library's default budgets, shared by every owner (commands, services,
-# the pytest plugin's leak teardown).
-DEFAULT_GRACE = 2.0
-DEFAULT_KILL_WAIT = 1.0
-DEFAULT_DRAIN_WAIT = 0.5
 
 
 def graceful_signals(first: int) -> tuple[int, ...]:

@@ -85,8 +85,9 @@ import psutil
 import trio
 
 from . import _cgroup, _keeper, _pidfd, _procfs
+from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._errors import ProcessLeakError
-from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT, Budgets, Do, Escalation, Event
+from ._escalation import Budgets, Do, Escalation, Event
 from ._fates import Fates
 from ._procfs import PidMark, ProcInfo
 

@@ -49,8 +49,8 @@ from typing import Any, Final, Literal, final
 
 import trio
 
+from ._budgets import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
-from ._escalation import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
 from ._receipt import signame
 from ._spawn import inheritable, normalize_command
 

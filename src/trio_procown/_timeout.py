@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import trio
 
 from . import __version__
+from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._cli import (
     DURATION_UNITS,
     EXIT_CANNOT_RUN,
@@ -65,7 +66,6 @@ from ._cli import (
 from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
 from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
-from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._receipt import Action, Receipt
 from ._spawn import exec_path, inherited_fds, resolve_argv
 

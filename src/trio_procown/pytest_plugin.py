@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import pytest
 
+from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._errors import ProcessLeakError as ProcessLeakError
-from ._escalation import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 
 # This module is imported by every pytest run (the pytest11 entry point),
 # most of them with the plugin off: the leak machinery (_leaks, psutil) and
