@@ -116,6 +116,12 @@ class Stats:
         return {"n": self.n, "median": self.median, "min": self.min, "max": self.max}
 
 
+def paired_differences(samples: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    """Per round, sample - baseline taken in the same round (the machine's drift
+    between rounds cancels; a difference of two medians keeps it)."""
+    return [a - b for a, b in zip(samples, baseline, strict=True)]
+
+
 def paired_ratio(samples: Sequence[float], baseline: Sequence[float]) -> float:
     """Median over rounds of sample/baseline taken in the same round."""
     ratios = [a / b for a, b in zip(samples, baseline, strict=False) if b > 0]

@@ -59,7 +59,18 @@ from typing import Any
 
 import trio
 
-from ._harness import Config, Measure, Section, Stats, Table, interleaved, kill_marked, marked_processes, ms
+from ._harness import (
+    Config,
+    Measure,
+    Section,
+    Stats,
+    Table,
+    interleaved,
+    kill_marked,
+    marked_processes,
+    ms,
+    paired_differences,
+)
 from .startup import _child_env, _procown_argv
 
 TARGET = 0.020  # s over GNU timeout
@@ -301,10 +312,10 @@ async def run(cfg: Config) -> Section:
 
     stats = {name: Stats.of(s) for name, s in samples.items()}
     extra = stats[PROCOWN].median - stats[GNU].median
-    paired = Stats.of([a - b for a, b in zip(samples[PROCOWN], samples[GNU], strict=True)])
+    paired = Stats.of(paired_differences(samples[PROCOWN], samples[GNU]))
     after = {name: Stats.of(p) for name, p in past.items()}
     after_extra = after[PROCOWN].median - after[GNU].median
-    after_paired = Stats.of([a - b for a, b in zip(past[PROCOWN], past[GNU], strict=True)])
+    after_paired = Stats.of(paired_differences(past[PROCOWN], past[GNU]))
     verdict = section.target(
         "procown run --timeout 1: deadline -> exit, extra over GNU timeout", after_extra, TARGET, "s"
     )

@@ -39,7 +39,18 @@ from pathlib import Path
 
 import trio
 
-from ._harness import Config, Measure, Section, Stats, Table, interleaved, ms, paired_ratio, ratio
+from ._harness import (
+    Config,
+    Measure,
+    Section,
+    Stats,
+    Table,
+    interleaved,
+    ms,
+    paired_differences,
+    paired_ratio,
+    ratio,
+)
 
 RUN_TARGET = 1.15  # x `python -c "import trio"`
 PYTEST_TARGET = 0.020  # s over pytest without the plugin
@@ -186,7 +197,7 @@ async def run(cfg: Config) -> Section:
     )
 
     def paired_difference(a: str, b: str) -> float:
-        return statistics.median(x - y for x, y in zip(samples[a], samples[b], strict=True))
+        return statistics.median(paired_differences(samples[a], samples[b]))
 
     on, off = stats["pytest --procown-leaks=off"], stats["pytest -p no:procown"]
     extra = on.median - off.median
