@@ -49,7 +49,7 @@ import trio
 
 import trio_procown
 from trio_procown import _cgroup, _signaller
-from trio_procown._command import TEARDOWN_ALLOWANCE
+from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 MARKER_VAR = "STRESS_MARKER"
 

@@ -532,8 +532,12 @@ async def test_keeper_sleeps_through_its_owners_commands() -> None:
         assert 0 < client.unread < _keeper.RING_AT
     assert _wakeups(pid) == before
     async with trio_procown.open_owned_command(["sleep", "30"]) as run:
-        while client.unread:  # until the bell rings: the lines of commands spawned meanwhile
-            await trio_procown.run_owned(["true"])
+        with trio.fail_after(30):
+            while True:  # until the bell rings: the lines of commands spawned meanwhile
+                unread = client.unread
+                await trio_procown.run_owned(["true"])
+                if client.unread < unread:  # rung: back to 0 (then this command's later lines)
+                    break
         with trio.fail_after(10):
             while _wakeups(pid) == before:
                 await trio.sleep(0.01)
