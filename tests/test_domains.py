@@ -342,6 +342,7 @@ async def test_a_command_forking_at_once_is_inside_its_cgroup(
         with open(f"/proc/{child}/cgroup") as f:
             where = f.read()
         assert where.strip().endswith("/" + os.path.basename(run.domain_id)), where
+        await run.terminate()
     receipt = run.receipt
     assert receipt is not None
     assert receipt.domain_empty
