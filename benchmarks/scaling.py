@@ -194,6 +194,8 @@ class _MassPoint:
         self.slowest: list[float] = []  # the slowest block: cancel -> its end
         self.over: list[int] = []  # blocks that ended past MASS_BOUND
         self.stalls: list[float] = []  # longest gap between two loop wakeups
+        self.stall_cpu: list[float] = []  # the loop thread's CPU time in that gap
+        self.busiest: list[float] = []  # the most CPU time the loop thread spent in any gap
         self.survivors: list[int] = []
         self.spawn: list[float] = []  # start -> every command ready
         self.forced = 0
@@ -207,6 +209,8 @@ class _MassPoint:
             "slowest_block_seconds": self.slowest,
             "blocks_over_limit": self.over,
             "max_loop_stall_seconds": self.stalls,
+            "loop_cpu_in_max_stall_seconds": self.stall_cpu,
+            "max_loop_cpu_in_a_gap_seconds": self.busiest,
             "survivors": self.survivors,
             "ready_seconds": self.spawn,
             "receipts": self.receipts,
@@ -220,18 +224,29 @@ class _MassPoint:
 
 class _StallWatch:
     """The longest time the event loop went without scheduling a task that
-    loops on trio.sleep(0): any synchronous stretch of the loop shows there."""
+    loops on trio.sleep(0): any synchronous stretch of the loop shows there.
+    And what the loop's thread spent on a CPU meanwhile (its thread CPU
+    time, user and system): in that gap (`longest_cpu`), and the most in any
+    gap (`busiest`, the longest stretch of the loop's own work: trio's and
+    the tasks' steps). A gap far longer than its CPU is the loop's thread
+    waiting for a CPU, not working."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.longest_cpu = 0.0
+        self.busiest = 0.0
 
     async def run(self) -> None:
         last = time.perf_counter()
+        last_cpu = time.thread_time()
         while True:
             await trio.sleep(0)
             now = time.perf_counter()
-            self.longest = max(self.longest, now - last)
-            last = now
+            cpu = time.thread_time()
+            if now - last > self.longest:
+                self.longest, self.longest_cpu = now - last, cpu - last_cpu
+            self.busiest = max(self.busiest, cpu - last_cpu)
+            last, last_cpu = now, cpu
 
 
 async def _pid1_reaped(limit: float = 10.0) -> None:
@@ -306,6 +321,8 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     point.slowest.append(slowest)
     point.over.append(sum(e - t0 > MASS_BOUND for e in ends))
     point.stalls.append(watch.longest)
+    point.stall_cpu.append(watch.longest_cpu)
+    point.busiest.append(watch.busiest)
     point.survivors.append(count_marked(cfg.marker))
     for run in runs:
         receipt = run.receipt
@@ -351,6 +368,13 @@ async def _bare_cancel_stall(k: int) -> float:
             outer.start_soon(let_go, release)
         outer.cancel_scope.cancel()
     return watch.longest
+
+
+def _cpu_of_longest(point: _MassPoint) -> float:
+    """The loop thread's CPU time in the point's longest stall (its worst run's)."""
+    if not point.stalls:
+        return float("nan")
+    return point.stall_cpu[point.stalls.index(max(point.stalls))]
 
 
 def _worst(values: list[float]) -> float:
@@ -456,6 +480,8 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 "runs with a block past it",
                 "survivors",
                 "longest loop stall ms",
+                "loop's CPU in it ms",
+                "most loop CPU in a gap ms",
                 "trio's floor: stall of a bare cancel ms",
                 "kill storm floor: stall of plain trio ms",
                 "forced",
@@ -473,6 +499,8 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     f"{sum(o > 0 for o in p.over)}/{len(p.over)}",
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
+                    ms(_cpu_of_longest(p)),
+                    ms(max(p.busiest, default=float("nan"))),
                     ms(floors[k]),
                     ms(_worst(storms[k])),
                     f"{p.forced}/{p.receipts}",
@@ -486,7 +514,10 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             f"cancelled together by one scope. Each block's bound is {MASS_BOUND:g} s (the budgets plus "
             f"the teardown's allowance, {TEARDOWN_ALLOWANCE:g} s); with the documented scheduling noise "
             f"(one more allowance), {MASS_LIMIT:g} s. Longest loop stall: the longest "
-            "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; trio's floor: "
+            "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; loop's CPU in it: the CPU time "
+            "(user and system) the loop's thread had in that gap, the rest of which it waited for a CPU "
+            "(on a 2-vCPU machine, behind the dying processes); most loop CPU in a gap: the longest "
+            "stretch of the loop's own work (trio's and every task's steps between two wakeups); trio's floor: "
             "the same measure when K bare trio tasks, each waiting, are cancelled together by one scope and "
             "each waits once more in a shielded scope (what trio's scheduler costs before any teardown "
             "work); kill storm floor: the same measure when plain trio, with no library, has started the "
