@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import trio
 from hypothesis import HealthCheck, settings
 
 from trio_procown.pytest_plugin import COOKIE_ENV
@@ -119,6 +120,21 @@ def probed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(_procfs, "is_process", is_process)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def no_trio_run_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Stop the session if a test left trio's run state behind: pytest-timeout's signal, raised
+    inside trio.run, ends the run half-way, and every later trio test would then fail for that
+    alone ("run() inside run()", live counts and keepers of the abandoned run), burying the one
+    failure worth reading."""
+    yield
+    if trio.lowlevel.in_trio_run():
+        pytest.exit(
+            f"{request.node.nodeid} left trio's run behind (a timeout raised inside it?): the tests "
+            "after it would fail for that alone, so the session stops here; read that test's failure",
+            returncode=1,
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -724,8 +724,9 @@ async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
             for _ in range(size):
                 nursery.start_soon(one)
             await started.wait()
-            while _mass.live() < size:  # each supervisor counts itself at its first step
-                await trio.lowlevel.checkpoint()
+            with trio.fail_after(10):
+                while _mass.live() < size:  # each supervisor counts itself at its first step
+                    await trio.lowlevel.checkpoint()
             assert _mass.frozen()
             young = {id(obj) for obj in gc.get_objects()}  # every tracked object not frozen
             scopes = [run._life_scope for run in runs]
@@ -836,8 +837,9 @@ async def test_a_spawn_beside_live_commands_clones_off_the_loop(
     try:
         alone = await trio_procown.run_owned(show, domain=domain)
         async with trio_procown.open_owned_command(SLEEPER, domain=domain) as live:
-            while _mass.live() == 0:  # its supervisor counts it at its first step
-                await trio.lowlevel.checkpoint()
+            with trio.fail_after(10):
+                while _mass.live() == 0:  # its supervisor counts it at its first step
+                    await trio.lowlevel.checkpoint()
             beside = await trio_procown.run_owned(show, domain=domain)
             await live.terminate()
     finally:

@@ -174,8 +174,9 @@ async def test_one_scan_serves_every_request_made_before_it(monkeypatch: pytest.
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask, "a")
         nursery.start_soon(ask, "b")
-        while not scans:
-            await trio.sleep(0)
+        with trio.fail_after(10):
+            while not scans:
+                await trio.sleep(0)
         nursery.start_soon(ask, "late")
         await trio.sleep(0.01)
         gate.set()
