@@ -210,6 +210,10 @@ async def run(cfg: Config) -> Section:
     verdict = section.target(
         "pytest start-up, plugin off: extra over no plugin (isolated, paired)", iso_paired, PYTEST_TARGET, "s"
     )
+
+    def row(label: str, st: Stats, extra: str = "", paired: str = "", target: str = "") -> list[str]:
+        return [label, ms(st.median), ms(st.min), ms(st.max), extra, paired, target]
+
     section.tables.append(
         Table(
             [
@@ -222,43 +226,17 @@ async def run(cfg: Config) -> Section:
                 "target",
             ],
             [
-                [
-                    "as installed: --procown-leaks=off",
-                    ms(on.median),
-                    ms(on.min),
-                    ms(on.max),
-                    ms(extra),
-                    ms(paired_extra),
-                    "",
-                ],
-                ["as installed: -p no:procown", ms(off.median), ms(off.min), ms(off.max), "", "", ""],
-                [
+                row("as installed: --procown-leaks=off", on, ms(extra), ms(paired_extra)),
+                row("as installed: -p no:procown", off),
+                row(
                     "isolated: -p trio_procown.pytest_plugin --procown-leaks=off",
-                    ms(iso_on.median),
-                    ms(iso_on.min),
-                    ms(iso_on.max),
+                    iso_on,
                     ms(iso_extra),
                     ms(iso_paired),
                     f"≤ +{PYTEST_TARGET * 1e3:g} ms → {verdict}",
-                ],
-                [
-                    "isolated: -p an empty plugin",
-                    ms(iso_off.median),
-                    ms(iso_off.min),
-                    ms(iso_off.max),
-                    "",
-                    "",
-                    "",
-                ],
-                [
-                    "plugin import alone (-X importtime)",
-                    ms(Stats.of(plugin_import).median),
-                    ms(Stats.of(plugin_import).min),
-                    ms(Stats.of(plugin_import).max),
-                    "",
-                    "",
-                    "",
-                ],
+                ),
+                row("isolated: -p an empty plugin", iso_off),
+                row("plugin import alone (-X importtime)", Stats.of(plugin_import)),
             ],
             caption=f"Two pairs, each in rounds of its own ({rounds} and {isolated_rounds} after {warmup} "
             "warm-up rounds), the two runs of a round back to back in a shuffled order; 'paired extra' is "
