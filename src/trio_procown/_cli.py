@@ -67,6 +67,7 @@ from typing import IO, Any, Literal, NoReturn, TextIO, TypeVar
 import trio
 
 from . import __version__
+from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._cgroup import COST_IDLE, COST_SAMPLES, placement_method, spawn_cost_note, spawn_costs
 from ._choice import auto_choice, available_domains
 from ._command import OwnedCommand, open_owned_command
@@ -181,14 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--grace",
         type=_seconds,
-        default=2.0,
+        default=DEFAULT_GRACE,
         metavar="S",
         help="seconds between SIGTERM and SIGKILL in the teardown (default: %(default)s)",
     )
     run.add_argument(
         "--kill-wait",
         type=_seconds,
-        default=1.0,
+        default=DEFAULT_KILL_WAIT,
         metavar="S",
         help="seconds to wait for the domain to empty after SIGKILL (default: %(default)s)",
     )
@@ -285,8 +286,8 @@ class RunOptions:
         self,
         command: list[str],
         timeout: float | None = None,
-        grace: float = 2.0,
-        kill_wait: float = 1.0,
+        grace: float = DEFAULT_GRACE,
+        kill_wait: float = DEFAULT_KILL_WAIT,
         domain: Literal["auto", "cgroup", "process-group", "slurm"] = "auto",
         escapees: Literal["terminate", "report"] = "terminate",
         cwd: str | None = None,
@@ -713,7 +714,6 @@ def _slurm_line() -> str:
 def _stale_domains(clean: bool) -> tuple[list[str], bool]:
     """doctor's lines on stale domains, and False if some could not be removed."""
     from . import _cgroup, _stale
-    from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 
     top = os.environ.get(_cgroup.ROOT_ENV) or _cgroup.cgroup2_mount()
     if top is None:

@@ -25,6 +25,7 @@ import outcome
 import trio
 
 from . import _keeper, _procfs
+from ._budgets import DEFAULT_GRACE
 from ._census import COOKIE_VAR, Census, EscapeePolicy
 from ._choice import DomainName, make_domain
 from ._domain import Domain
@@ -373,7 +374,7 @@ def spawn_steps(
     max_output: int,
     subreaper: bool,
     keeper: bool = True,
-    keeper_grace: float = 2.0,
+    keeper_grace: float = DEFAULT_GRACE,
     pass_fds: Sequence[int] = (),
     executable: str | os.PathLike[str] | None = None,
 ) -> SpawnSteps:
