@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -198,6 +199,7 @@ class _MassPoint:
         self.busiest: list[float] = []  # the most CPU time the loop thread spent in any gap
         self.survivors: list[int] = []
         self.spawn: list[float] = []  # start -> every command ready
+        self.cpu: list[_CpuUse] = []  # the machine's CPU from the cancel to the last return
         self.forced = 0
         self.not_empty = 0
         self.receipts = 0
@@ -213,6 +215,7 @@ class _MassPoint:
             "max_loop_cpu_in_a_gap_seconds": self.busiest,
             "survivors": self.survivors,
             "ready_seconds": self.spawn,
+            "cpu_in_teardown": [c.to_dict() for c in self.cpu],
             "receipts": self.receipts,
             "forced": self.forced,
             "not_proved_empty": self.not_empty,
@@ -276,6 +279,7 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     t0: float | None = None
     # Runs from just before the cancel until the last block returned.
     watch = _StallWatch()
+    cpu: _CpuUse | None = None
 
     async def one() -> None:
         nonlocal ready
@@ -309,9 +313,12 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
                 point.spawn.append(trio.current_time() - started)
                 outer.start_soon(watch.run)
                 await trio.sleep(0)  # the watcher is running before the cancel
+                cpu = _CpuUse()
                 t0 = trio.current_time()
                 scope.deadline = t0  # every command is cancelled together, now
         t1 = trio.current_time()
+        if cpu is not None:
+            point.cpu.append(cpu.stop())
         outer.cancel_scope.cancel()
     if t0 is None or len(ends) < k:
         point.errors.append(f"{k} {domain}: only {ready} of {k} commands became ready")
@@ -377,12 +384,81 @@ def _cpu_of_longest(point: _MassPoint) -> float:
     return point.stall_cpu[point.stalls.index(max(point.stalls))]
 
 
+class _CpuUse:
+    """Where the machine's CPU time went between two readings: every CPU's
+    busy time (user, nice, system, irq, softirq), idle time (idle and
+    iowait), time the host took (steal) from /proc/stat, and this process's
+    own CPU time (getrusage: every thread, user and system), in seconds.
+    NaN where /proc/stat cannot be read (not Linux)."""
+
+    def __init__(self) -> None:
+        self._machine = self._read_machine()
+        self._ours = self._read_ours()
+        self.busy = self.idle = self.steal = self.ours = float("nan")
+
+    @staticmethod
+    def _read_machine() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", "rb") as f:
+                fields = [int(x) for x in f.readline().split()[1:9]]
+            tick = float(os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError):
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = fields
+        return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick, steal / tick
+
+    @staticmethod
+    def _read_ours() -> float:
+        use = resource.getrusage(resource.RUSAGE_SELF)
+        return use.ru_utime + use.ru_stime
+
+    def stop(self) -> _CpuUse:
+        """Take the second reading; the fields are now the differences."""
+        machine, ours = self._read_machine(), self._read_ours()
+        if self._machine is not None and machine is not None:
+            self.busy, self.idle, self.steal = (b - a for a, b in zip(self._machine, machine, strict=True))
+        self.ours = ours - self._ours
+        return self
+
+    @property
+    def busy_share(self) -> float:
+        """The machine's busy share of the CPU time it had (steal left out)."""
+        total = self.busy + self.idle
+        return self.busy / total if total > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "machine_busy_cpu_seconds": self.busy,
+            "machine_idle_cpu_seconds": self.idle,
+            "steal_seconds": self.steal,
+            "our_process_cpu_seconds": self.ours,
+        }
+
+
 def _worst(values: list[float]) -> float:
     """The largest of `values` that is a number; NaN if none is."""
     return max((v for v in values if v == v), default=float("nan"))
 
 
-async def _storm_floor(cfg: Config, k: int) -> float:
+class _Storm:
+    """One run of the kill storm floor: its longest loop stall, the time
+    from the first signal until every leader was reaped, and the machine's
+    CPU meanwhile (NaN, None: the trees were not all ready in time)."""
+
+    def __init__(self, stall: float, reaped: float, cpu: _CpuUse | None) -> None:
+        self.stall = stall
+        self.reaped = reaped
+        self.cpu = cpu
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "max_loop_stall_seconds": self.stall,
+            "all_reaped_seconds": self.reaped,
+            "cpu": None if self.cpu is None else self.cpu.to_dict(),
+        }
+
+
+async def _storm_floor(cfg: Config, k: int) -> _Storm:
     """The kill storm's floor for the stall: the same K trees with no
     library, as plain trio runs them (each started by
     trio.lowlevel.open_process in a session of its own, its "ready" read
@@ -393,7 +469,10 @@ async def _storm_floor(cfg: Config, k: int) -> float:
     every leader is reaped: what the loop's thread gets of the CPU while
     10,000 processes die, before any census, receipt or drain. The leaders
     are reaped only after the signals, so no killpg can reach a recycled
-    group. NaN if the trees were not all ready in time."""
+    group. Also the time from the first signal until every leader was
+    reaped, and the machine's CPU meanwhile: what the kill itself costs
+    here, before any census, receipt or drain (its orphans may still be
+    dying then). NaN if the trees were not all ready in time."""
     watch = _StallWatch()
     procs: list[trio.Process] = []
     ready = 0
@@ -438,14 +517,77 @@ async def _storm_floor(cfg: Config, k: int) -> float:
             if all_ready.is_set():
                 outer.start_soon(watch.run)
                 await trio.sleep(0)  # the watcher is running before the first signal
+            cpu = _CpuUse()
+            t0 = trio.current_time()
             await trio.to_thread.run_sync(signal_all)
             signalled.set()
+        reaped = trio.current_time() - t0
+        cpu.stop()
         if all_ready.is_set():
             longest = watch.longest
         outer.cancel_scope.cancel()
     await _clean(cfg)
     await _pid1_reaped()
-    return longest
+    if not all_ready.is_set():
+        return _Storm(float("nan"), float("nan"), None)
+    return _Storm(longest, reaped, cpu)
+
+
+def _cpu_table(mass: dict[tuple[int, DomainName], _MassPoint], storms: dict[int, list[_Storm]]) -> Table:
+    """Where the machine's CPU time went in each point's slowest run, from
+    the cancel to the last return, beside plain trio's kill storm of the
+    same K trees (its slowest run)."""
+
+    def pct(x: float) -> str:
+        return "" if x != x else f"{100 * x:.0f} %"
+
+    rows = []
+    for (k, d), p in mass.items():
+        if not p.cpu or not p.walls:
+            continue
+        slowest = max(range(len(p.walls)), key=lambda i: p.walls[i])
+        use = p.cpu[min(slowest, len(p.cpu) - 1)]
+        ran = [f for f in storms.get(k, []) if f.cpu is not None]
+        storm = max(ran, key=lambda f: f.reaped) if ran else None
+        rows.append(
+            [
+                str(k),
+                d,
+                ms(p.walls[slowest]),
+                pct(use.busy_share),
+                ms(use.busy),
+                ms(use.ours),
+                ms(use.busy - use.ours),
+                ms(use.steal),
+                ms(storm.reaped) if storm else "",
+                ms(storm.cpu.busy) if storm and storm.cpu else "",
+                pct(storm.cpu.busy_share) if storm and storm.cpu else "",
+            ]
+        )
+    return Table(
+        [
+            "commands",
+            "domain",
+            "all returned ms",
+            "machine busy",
+            "all CPUs' busy time ms",
+            "our process's CPU ms",
+            "everything else's CPU ms",
+            "steal ms",
+            "plain trio's kill storm: all leaders reaped ms",
+            "its CPUs' busy time ms",
+            "its machine busy",
+        ],
+        rows,
+        caption="Where the CPU went during each mass teardown (the point's slowest run), from the cancel "
+        "to the last return: the machine's busy share of the CPU time it had (/proc/stat: user, nice, "
+        "system, irq and softirq against idle and iowait, on every CPU), that busy time, this process's "
+        "own CPU time (every thread, user and system: the loop, the signaller, the scanner), the rest "
+        "(the dying processes' exits, the kernel's workers, PID 1's reaping), and the time the host "
+        "took from the VM (steal). Beside it, plain trio's kill storm of the same K trees (no census, "
+        "receipt or drain; its slowest run): the time from its first signal until every leader was "
+        "reaped, and the CPU time it kept the machine busy.",
+    )
 
 
 def _mass_runs(cfg: Config, k: int) -> int:
@@ -457,7 +599,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
     counts = cfg.pick([20, 50], [250, 500, 1000, 2000])
     mass = {(k, d): _MassPoint() for k in counts for d in domains}
     floors: dict[int, float] = {}
-    storms: dict[int, list[float]] = {}
+    storms: dict[int, list[_Storm]] = {}
     for k in counts:
         floors[k] = await _bare_cancel_stall(k)
         print(f"[benchmarks] scaling: kill storm floor of {k} trees ...", file=sys.stderr, flush=True)
@@ -502,7 +644,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     ms(_cpu_of_longest(p)),
                     ms(max(p.busiest, default=float("nan"))),
                     ms(floors[k]),
-                    ms(_worst(storms[k])),
+                    ms(_worst([f.stall for f in storms[k]])),
                     f"{p.forced}/{p.receipts}",
                     str(p.not_empty),
                     f"{max(p.spawn, default=float('nan')):.1f}",
@@ -532,6 +674,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             ),
         )
     )
+    section.tables.append(_cpu_table(mass, storms))
     for p in mass.values():
         section.notes += p.errors
 
@@ -570,7 +713,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 **series(lambda p: max(p.stalls, default=float("nan"))),
                 "trio: bare cancel of K tasks (floor)": [(float(k), f * 1e3, 0.0) for k, f in floors.items()],
                 "plain trio: killpg of K trees from a thread (kill storm floor)": [
-                    (float(k), _worst(f) * 1e3, 0.0) for k, f in storms.items()
+                    (float(k), _worst([run.stall for run in f]) * 1e3, 0.0) for k, f in storms.items()
                 ],
             },
             ours=lambda label: label.startswith("trio_procown"),
@@ -619,7 +762,8 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
         )
     section.data["mass"] = {f"{k} {d}": p.to_dict() for (k, d), p in mass.items()}
     section.data["mass_bare_cancel_stall_seconds"] = {str(k): f for k, f in floors.items()}
-    section.data["mass_storm_floor_stall_seconds"] = {str(k): f for k, f in storms.items()}
+    section.data["mass_storm_floor_stall_seconds"] = {str(k): [f.stall for f in v] for k, v in storms.items()}
+    section.data["mass_storm_floor_runs"] = {str(k): [f.to_dict() for f in v] for k, v in storms.items()}
 
 
 PEER_KEYS = ("subprocess.run", "trio", "anyio", "adk")
