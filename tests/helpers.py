@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import psutil
 
 import trio_procown
+
+
+class Budgets(TypedDict):
+    """Teardown budgets for open_owned_command/run_owned (a subset of its
+    keyword arguments, so that it can be unpacked beside an explicit
+    domain= and timeout=)."""
+
+    grace: float
+    kill_wait: float
+    drain_wait: float
 
 
 def alive(pid: int) -> bool:

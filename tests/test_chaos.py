@@ -56,7 +56,7 @@ import trio_procown
 from conftest import MARKER, MARKER_VAR, py
 from helpers import alive, domains
 from trio_procown import _cgroup, _signaller
-from trio_procown._command import TEARDOWN_ALLOWANCE
+from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
 # Examples per property test: PROCOWN_CHAOS_EXAMPLES, or a quarter of the
@@ -889,9 +889,11 @@ def check_example(
         assert got == list(range(len(got))), f"writer {pid}: its lines are not a gap-free prefix"
     assert not set(out.seqs) & set(err.seqs)
     if r.output == "complete":
-        for pid, n in _side_logs(side).items():
+        for pid, entered in _side_logs(side).items():
             have = len(out.seqs.get(pid, err.seqs.get(pid, [])))
-            assert have >= n, f"writer {pid}: {n} lines entered the pipe, {have} in a complete record"
+            assert have >= entered, (
+                f"writer {pid}: {entered} lines entered the pipe, {have} in a complete record"
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -1024,7 +1026,7 @@ def _interrupt_in_drain(domain: str, command: list[str]) -> tuple[trio_procown.O
             holder["run"] = run
             capture = run._spawned.drains["stdout"].capture  # test hook: the drain's capture
             append = capture.append
-            fired = []
+            fired: list[bool] = []
 
             def append_then_interrupt(data: bytes) -> None:
                 # The drain binds capture.append when its task starts (after

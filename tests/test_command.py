@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -20,6 +20,8 @@ import trio_procown
 from conftest import MARKER, py
 from helpers import alive, domains, kill_and_wait, pids_in
 from trio_procown import _mass
+from trio_procown._choice import DomainName
+from trio_procown._command import OwnedOptions
 from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 DOMAINS = domains()
@@ -33,8 +35,8 @@ FORK_AND_SLEEP = "sleep 30 & echo pid $!; echo early-err >&2; echo ready; sleep 
 
 
 @pytest.fixture(params=DOMAINS)
-def domain(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+def domain(request: pytest.FixtureRequest) -> DomainName:
+    return cast(DomainName, str(request.param))  # one of domains(): a domain's name
 
 
 async def _until_line(run: trio_procown.OwnedCommand, text: str) -> None:
@@ -44,7 +46,7 @@ async def _until_line(run: trio_procown.OwnedCommand, text: str) -> None:
     raise AssertionError(f"stream ended before {text!r}")
 
 
-async def test_natural_exit(domain: str) -> None:
+async def test_natural_exit(domain: DomainName) -> None:
     """A command that exits by itself: status read before any signal, nothing signalled."""
     result = await trio_procown.run_owned(["sh", "-c", "echo out; echo err >&2; exit 3"], domain=domain)
     assert (result.stdout, result.stderr, result.returncode) == (b"out\n", b"err\n", 3)
@@ -60,7 +62,7 @@ async def test_natural_exit(domain: str) -> None:
     assert r.claims()[0].startswith(f"The command (pid {r.pid}) exited by itself with status 3")
 
 
-async def test_command_sees_the_name_it_was_given(domain: str) -> None:
+async def test_command_sees_the_name_it_was_given(domain: DomainName) -> None:
     """argv[0] is the name the caller gave, as execvp and subprocess give it:
     GNU tools prefix their messages with it ("ls: cannot access ..."), and a
     script's $0 is what it was called by. The program found on PATH runs."""
@@ -71,7 +73,7 @@ async def test_command_sees_the_name_it_was_given(domain: str) -> None:
     assert result.stdout == b"sh\n"
 
 
-async def test_timeout_kills_forked_grandchild_promptly(domain: str) -> None:
+async def test_timeout_kills_forked_grandchild_promptly(domain: DomainName) -> None:
     """Own timeout: no exception, grandchild terminated, early output kept, prompt return."""
     start = trio.current_time()
     async with trio_procown.open_owned_command(FORK_AND_SLEEP, timeout=0.5, domain=domain) as run:
@@ -89,7 +91,7 @@ async def test_timeout_kills_forked_grandchild_promptly(domain: str) -> None:
     assert run.receipt is receipt
 
 
-async def test_outer_cancel_without_timeout_keeps_early_output(domain: str) -> None:
+async def test_outer_cancel_without_timeout_keeps_early_output(domain: DomainName) -> None:
     """An outer cancel tears down first, then Cancelled propagates; early stdout/stderr survive."""
     with trio.move_on_after(10) as outer:
         async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
@@ -107,7 +109,7 @@ async def test_outer_cancel_without_timeout_keeps_early_output(domain: str) -> N
     assert not alive(grandchild)
 
 
-async def test_deadline_in_outer_scope(domain: str) -> None:
+async def test_deadline_in_outer_scope(domain: DomainName) -> None:
     """trio.move_on_after around the block: the receipt says cancelled and the body never resumes."""
     with trio.move_on_after(0.5):
         async with trio_procown.open_owned_command("echo early; sleep 30", domain=domain) as run:
@@ -117,7 +119,7 @@ async def test_deadline_in_outer_scope(domain: str) -> None:
     assert run.stdout == b"early\n"
 
 
-async def test_sigterm_ignoring_members_holding_pipes_are_forced(domain: str) -> None:
+async def test_sigterm_ignoring_members_holding_pipes_are_forced(domain: DomainName) -> None:
     """Members that ignore SIGTERM and hold the pipes: SIGKILL after grace, bounded, output kept."""
     code = (
         "import os, signal, sys, time\n"
@@ -147,7 +149,7 @@ async def test_sigterm_ignoring_members_holding_pipes_are_forced(domain: str) ->
     assert kills
 
 
-async def test_stopped_member_is_terminated_by_sigterm_with_sigcont(domain: str) -> None:
+async def test_stopped_member_is_terminated_by_sigterm_with_sigcont(domain: DomainName) -> None:
     """A SIGSTOPped member gets SIGCONT with SIGTERM: it dies without the grace being spent."""
     with trio.CancelScope() as outer:
         async with trio_procown.open_owned_command(
@@ -165,7 +167,7 @@ async def test_stopped_member_is_terminated_by_sigterm_with_sigcont(domain: str)
     assert not alive(member)
 
 
-async def test_finished_leader_with_background_job_holding_pipes(domain: str) -> None:
+async def test_finished_leader_with_background_job_holding_pipes(domain: DomainName) -> None:
     """The leader exits but its background job holds stdout: prompt return, job terminated and listed."""
     start = trio.current_time()
     result = await trio_procown.run_owned("sleep 30 & echo pid $!; echo bye", domain=domain)
@@ -180,7 +182,7 @@ async def test_finished_leader_with_background_job_holding_pipes(domain: str) ->
     assert any("outlived the leader" in c for c in r.claims())
 
 
-async def test_background_daemon_with_redirected_output(domain: str) -> None:
+async def test_background_daemon_with_redirected_output(domain: DomainName) -> None:
     """A daemon with its output redirected away outlives a clean exit: it is terminated and listed."""
     result = await trio_procown.run_owned("sleep 30 >/dev/null 2>&1 </dev/null & echo pid $!", domain=domain)
     r = result.receipt
@@ -191,7 +193,7 @@ async def test_background_daemon_with_redirected_output(domain: str) -> None:
     assert [p.pid for p in r.leftovers] == [daemon]
 
 
-async def test_second_cancel_during_grace_does_not_cut_teardown_short(domain: str) -> None:
+async def test_second_cancel_during_grace_does_not_cut_teardown_short(domain: DomainName) -> None:
     """A second cancellation while the teardown waits out the grace changes nothing."""
     code = (
         "import signal, time\n"
@@ -215,7 +217,7 @@ class Boom(Exception):
     pass
 
 
-async def test_body_exception_propagates_unwrapped_after_teardown(domain: str) -> None:
+async def test_body_exception_propagates_unwrapped_after_teardown(domain: DomainName) -> None:
     """An exception in the body: cause error, teardown done, the exception itself propagates."""
     with pytest.raises(Boom) as info:
         async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
@@ -228,7 +230,7 @@ async def test_body_exception_propagates_unwrapped_after_teardown(domain: str) -
     assert not alive(grandchild)
 
 
-async def test_keyboard_interrupt_in_body(domain: str) -> None:
+async def test_keyboard_interrupt_in_body(domain: DomainName) -> None:
     """KeyboardInterrupt raised in the body: teardown runs, cause cancelled, KI propagates."""
     with pytest.raises(KeyboardInterrupt):
         async with trio_procown.open_owned_command(FORK_AND_SLEEP, domain=domain) as run:
@@ -240,7 +242,7 @@ async def test_keyboard_interrupt_in_body(domain: str) -> None:
     assert not alive(grandchild)
 
 
-async def test_fifty_concurrent_commands_cancelled_together(domain: str) -> None:
+async def test_fifty_concurrent_commands_cancelled_together(domain: DomainName) -> None:
     """50 commands with grandchildren, cancelled by one scope: all torn down, none left."""
     runs: list[trio_procown.OwnedCommand] = []
     ready = trio.Semaphore(0)
@@ -268,7 +270,7 @@ async def test_fifty_concurrent_commands_cancelled_together(domain: str) -> None
         assert not alive(grandchild)
 
 
-async def test_body_that_does_not_wait_still_waits_for_the_command(domain: str) -> None:
+async def test_body_that_does_not_wait_still_waits_for_the_command(domain: DomainName) -> None:
     """Leaving the block normally waits for the command (bounded by its timeout)."""
     async with trio_procown.open_owned_command("echo done", domain=domain) as run:
         pass
@@ -277,7 +279,7 @@ async def test_body_that_does_not_wait_still_waits_for_the_command(domain: str) 
     assert run.stdout == b"done\n"
 
 
-async def test_stdin_bytes_and_default_devnull(domain: str) -> None:
+async def test_stdin_bytes_and_default_devnull(domain: DomainName) -> None:
     """bytes are fed to stdin; the default stdin is /dev/null, never ours."""
     fed = await trio_procown.run_owned(["cat"], stdin=b"hello\n" * 1000, domain=domain)
     assert fed.stdout == b"hello\n" * 1000
@@ -323,14 +325,14 @@ async def test_cwd_is_used(tmp_path: object) -> None:
 async def test_bad_budgets_raise_value_error(name: str, value: float) -> None:
     """Negative or NaN budgets raise ValueError before anything is spawned."""
     with pytest.raises(ValueError, match=name):
-        await trio_procown.run_owned(["true"], **{name: value})
+        await trio_procown.run_owned(["true"], **cast(OwnedOptions, {name: value}))
 
 
 @pytest.mark.parametrize("name", ["grace", "kill_wait", "drain_wait"])
 async def test_infinite_teardown_budgets_are_refused(name: str) -> None:
     """An infinite grace, kill_wait or drain_wait would make the teardown unbounded: ValueError."""
     with pytest.raises(ValueError, match=name):
-        await trio_procown.run_owned(["true"], **{name: math.inf})
+        await trio_procown.run_owned(["true"], **cast(OwnedOptions, {name: math.inf}))
 
 
 async def test_infinite_timeout_means_no_deadline() -> None:
@@ -346,14 +348,14 @@ async def test_non_integer_max_output_is_refused(value: object) -> None:
         await trio_procown.run_owned(["true"], max_output=value)  # type: ignore[arg-type]
 
 
-async def test_zero_timeout_times_out_immediately(domain: str) -> None:
+async def test_zero_timeout_times_out_immediately(domain: DomainName) -> None:
     """timeout=0 is legal: the command is torn down at once."""
     result = await trio_procown.run_owned("sleep 30", timeout=0, domain=domain)
     assert result.receipt.cause == "timed_out"
     assert result.receipt.domain_empty
 
 
-async def test_phase_goes_running_tearing_down_done(domain: str) -> None:
+async def test_phase_goes_running_tearing_down_done(domain: DomainName) -> None:
     """run.phase moves through running, tearing down, done."""
     seen: list[str] = []
     async with trio_procown.open_owned_command("sleep 30", timeout=0.2, domain=domain) as run:
@@ -365,7 +367,7 @@ async def test_phase_goes_running_tearing_down_done(domain: str) -> None:
     assert seen == ["running", "tearing down", "done"]
 
 
-async def test_phase_asked_for_late_says_where_the_command_is(domain: str) -> None:
+async def test_phase_asked_for_late_says_where_the_command_is(domain: DomainName) -> None:
     """run.phase is made on first use: asked for only after the command
     ended, it says "done" at once, and a program that never asks for it
     runs commands without importing trio_util."""
@@ -383,7 +385,7 @@ async def test_phase_asked_for_late_says_where_the_command_is(domain: str) -> No
     assert done.returncode == 0, done.stderr.decode()
 
 
-async def test_receipt_to_dict_is_json_ready(domain: str) -> None:
+async def test_receipt_to_dict_is_json_ready(domain: DomainName) -> None:
     """to_dict() round-trips through JSON with the documented keys."""
     import json
 
@@ -407,11 +409,11 @@ async def test_receipt_to_dict_is_json_ready(domain: str) -> None:
 async def test_owned_command_cannot_be_built_directly() -> None:
     """OwnedCommand has a private constructor."""
     with pytest.raises(TypeError):
-        trio_procown.OwnedCommand(object())
+        trio_procown.OwnedCommand(object())  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1])
-async def test_first_signal_is_the_callers_choice(domain: str, sig: int) -> None:
+async def test_first_signal_is_the_callers_choice(domain: DomainName, sig: int) -> None:
     """first_signal replaces SIGTERM in the graceful stage (SIGCONT still follows); the step says so."""
     name = signal.Signals(sig).name
     code = (
@@ -552,8 +554,8 @@ async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
     true = Path(shutil.which("true") or "/bin/true")
     assert (await trio_procown.run_owned(true)).returncode == 0
     assert (await trio_procown.run_owned([b"echo", Path("x"), "y"])).stdout == b"x y\n"
-    assert (await trio_procown.run_owned(a for a in ["echo", "once"])).stdout == b"once\n"
-    assert (await trio_procown.run_owned(["pwd"], cwd=os.fsencode(tmp_path))).stdout == os.fsencode(
+    assert (await trio_procown.run_owned(a for a in ["echo", "once"])).stdout == b"once\n"  # type: ignore[arg-type]
+    assert (await trio_procown.run_owned(["pwd"], cwd=os.fsencode(tmp_path))).stdout == os.fsencode(  # type: ignore[arg-type]
         f"{tmp_path}\n"
     )
     (tmp_path / "bin").mkdir()
@@ -570,7 +572,7 @@ async def test_every_command_form_a_user_would_pass(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("domain", domains())
 async def test_a_mass_cancel_beyond_a_wake_chunk_ends_every_command_within_its_bound(
-    domain: str, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """More commands than _mass.WAKE_CHUNK cancelled together by one scope
     (their teardowns are woken by the turns' pump, not in the cancel's own
@@ -597,7 +599,7 @@ async def test_a_mass_cancel_beyond_a_wake_chunk_ends_every_command_within_its_b
         try:
             async with trio_procown.open_owned_command(
                 ["sh", "-c", "sleep 30 & echo ready; wait", MARKER],
-                domain=domain,  # type: ignore[arg-type]
+                domain=domain,
                 grace=1.0,
                 kill_wait=0.5,
                 drain_wait=0.5,
@@ -630,13 +632,13 @@ async def test_a_mass_cancel_beyond_a_wake_chunk_ends_every_command_within_its_b
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
-async def test_signal_domain_reaches_every_member_and_is_noted(domain: str) -> None:
+async def test_signal_domain_reaches_every_member_and_is_noted(domain: DomainName) -> None:
     """signal_domain sends the signal to the whole tree (the shell and its
     background child both die of SIGUSR1), notes it as the caller's in the
     receipt, and sends nothing once the teardown has released the domain."""
     async with trio_procown.open_owned_command(
         ["sh", "-c", "sleep 30 & echo pid $!; wait", MARKER],
-        domain=domain,  # type: ignore[arg-type]
+        domain=domain,
     ) as run:
         async for line in run.lines():
             (child,) = pids_in(line.encode() + b"\n")
@@ -655,7 +657,7 @@ async def test_signal_domain_reaches_every_member_and_is_noted(domain: str) -> N
 
 
 @pytest.mark.parametrize("domain", DOMAINS)
-async def test_pass_fds_are_inherited_and_nothing_else(domain: str) -> None:
+async def test_pass_fds_are_inherited_and_nothing_else(domain: DomainName) -> None:
     """pass_fds: the descriptors named reach the command (readable there), an
     inheritable one not named does not (as subprocess's close_fds); a closed
     one is EBADF before anything runs, and a Slurm job refuses them."""
@@ -672,12 +674,12 @@ async def test_pass_fds_are_inherited_and_nothing_else(domain: str) -> None:
         done = await trio_procown.run_owned(
             ["sh", "-c", script, MARKER],
             domain=domain,
-            pass_fds=[given_r],  # type: ignore[arg-type]
+            pass_fds=[given_r],
         )
         assert (done.returncode, done.stdout) == (0, b"through the fd\n"), done.stderr
         unused = next(fd for fd in range(900, 1000) if not _is_open(fd))
         with pytest.raises(OSError, match="Bad file descriptor") as closed:
-            await trio_procown.run_owned(["true"], domain=domain, pass_fds=[unused])  # type: ignore[arg-type]
+            await trio_procown.run_owned(["true"], domain=domain, pass_fds=[unused])
         assert closed.value.errno == errno.EBADF
         with pytest.raises(TypeError, match="pass_fds"):
             await trio_procown.run_owned(["true"], domain=domain, pass_fds="3")  # type: ignore[arg-type]
@@ -739,7 +741,7 @@ async def test_a_crowds_freeze_holds_what_its_commands_made_once_started(
     assert not _mass.frozen()
 
 
-async def test_executable_runs_in_place_of_the_program_named(domain: str) -> None:
+async def test_executable_runs_in_place_of_the_program_named(domain: DomainName) -> None:
     """`executable` (as Popen's): a sequence's first item becomes only the
     program's argv[0], found on PATH like a program; a shell line runs under
     it instead of /bin/sh. Each is owned and receipted as usual."""
@@ -753,7 +755,7 @@ async def test_executable_runs_in_place_of_the_program_named(domain: str) -> Non
     assert named.receipt.domain_empty
     line = await trio_procown.run_owned(  # a Python line: only Python runs it
         f"import os; print(os.readlink('/proc/self/exe'))  # {MARKER}",
-        executable=os.fsencode(sys.executable),
+        executable=os.fsencode(sys.executable),  # type: ignore[arg-type]
         domain=domain,
     )
     assert line.stdout.decode().strip() == os.path.realpath(sys.executable)
@@ -779,7 +781,7 @@ async def test_a_bad_executable_raises_before_anything_runs(tmp_path: Path) -> N
 
 
 @pytest.mark.usefixtures("sigchld_ignored")
-async def test_a_program_that_ignores_sigchld_gets_its_command_back(domain: str) -> None:
+async def test_a_program_that_ignores_sigchld_gets_its_command_back(domain: DomainName) -> None:
     """With SIGCHLD ignored the kernel reaps the leader at its exit: the block still ends when
     it exits (it waited for ever), returncode 0 as subprocess says, and the receipt says the
     status was lost instead of claiming status 0; the domain's rest is still torn down."""
@@ -796,7 +798,7 @@ async def test_a_program_that_ignores_sigchld_gets_its_command_back(domain: str)
 
 
 @pytest.mark.usefixtures("sigchld_ignored")
-async def test_a_program_that_ignores_sigchld_keeps_its_timeout(domain: str) -> None:
+async def test_a_program_that_ignores_sigchld_keeps_its_timeout(domain: DomainName) -> None:
     """A timeout with SIGCHLD ignored: the leader, reaped by the kernel once signalled, no
     longer holds the group or the cgroup open, and the teardown still finds them empty."""
     with trio.fail_after(10):
@@ -817,7 +819,7 @@ def _blocked_signals(status: bytes) -> int:
 
 
 async def test_a_spawn_beside_live_commands_clones_off_the_loop(
-    domain: str, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While another command is live, the clone is made in a worker thread
     (the loop serves the others meanwhile); the command still gets the
@@ -850,7 +852,7 @@ async def test_a_spawn_beside_live_commands_clones_off_the_loop(
 
 
 async def test_a_cancel_during_an_off_loop_clone_tears_the_command_down(
-    domain: str, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cancel that arrives while the worker thread clones waits for the
     clone; the block is then entered cancelled and its teardown owns what
@@ -866,7 +868,7 @@ async def test_a_cancel_during_an_off_loop_clone_tears_the_command_down(
         return real(*args)
 
     monkeypatch.setattr(_command, "_clone_in_worker", held)
-    receipts: list[trio_procown.Receipt] = []
+    receipts: list[trio_procown.Receipt | None] = []
 
     async def second(scope: trio.CancelScope) -> None:
         with scope:
@@ -886,6 +888,7 @@ async def test_a_cancel_during_an_off_loop_clone_tears_the_command_down(
                 proceed.set()
             await live.terminate()
     (receipt,) = receipts
+    assert receipt is not None
     assert receipt.cause == "cancelled"
     assert receipt.domain_empty
 
@@ -925,7 +928,7 @@ async def test_a_setup_failure_after_the_clone_leaves_no_zombie_held(monkeypatch
         os.waitpid(pid, os.WNOHANG)  # reaped: no zombie of ours left
 
 
-async def test_a_plain_run_makes_no_reference_cycles(domain: str) -> None:
+async def test_a_plain_run_makes_no_reference_cycles(domain: DomainName) -> None:
     """A command that exits at once leaves no cyclic garbage: everything a
     run allocates is freed by reference counting, so a program's collections
     never have to find (and a full one never frees and rebuilds) any of it."""

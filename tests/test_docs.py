@@ -471,7 +471,7 @@ NEEDS_CGROUP = pytest.mark.skipif(
 
 
 def example_params() -> list[object]:
-    params = []
+    params: list[object] = []
     for block in EXAMPLES:
         marks = [
             pytest.mark.xfail(strict=True, reason=reason)

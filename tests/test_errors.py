@@ -60,6 +60,6 @@ def test_old_modules_still_name_the_same_classes() -> None:
     """Internal users importing an error from its old module get the one class."""
     assert _domain.DomainUnavailable is trio_procown.DomainUnavailable
     assert _command.HandoffError is trio_procown.HandoffError
-    assert _service.ServiceError is trio_procown.ServiceError
-    assert _service.ServiceNotReady is trio_procown.ServiceNotReady
-    assert _cli.CliError is _errors.CliError
+    assert _service.ServiceError is trio_procown.ServiceError  # type: ignore[attr-defined]
+    assert _service.ServiceNotReady is trio_procown.ServiceNotReady  # type: ignore[attr-defined]
+    assert _cli.CliError is _errors.CliError  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import pytest
 import trio_procown
 from conftest import py
 from helpers import alive, domains, pids_in
+from trio_procown._choice import DomainName
 from trio_procown._fates import Fates
 from trio_procown._procfs import ProcInfo
 
@@ -32,7 +33,7 @@ for ignore in (False, True):
 @pytest.mark.parametrize("domain", domains())
 @pytest.mark.timeout(30)
 async def test_leftover_ended_by_sigterm_is_terminated_even_when_the_teardown_was_forced(
-    domain: str,
+    domain: DomainName,
 ) -> None:
     """Forced teardown of two leftovers: the SIGTERM-obeying one is 'terminated', the ignorer 'killed'."""
     result = await trio_procown.run_owned(py(TWO_LEFTOVERS), domain=domain, grace=0.5, kill_wait=1.0)
@@ -47,11 +48,11 @@ async def test_leftover_ended_by_sigterm_is_terminated_even_when_the_teardown_wa
 
 def test_fate_rules_without_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """alive / killed / terminated / exited follow liveness at the graceful signal and the kill."""
-    from trio_procown import _fates
+    from trio_procown import _procfs
 
     table: dict[int, ProcInfo] = {}
-    monkeypatch.setattr(_fates._procfs, "read_stat", table.get)
-    monkeypatch.setattr(_fates._procfs, "cmdline", lambda pid: f"cmd{pid}")
+    monkeypatch.setattr(_procfs, "read_stat", table.get)
+    monkeypatch.setattr(_procfs, "cmdline", lambda pid: f"cmd{pid}")
     fates = Fates()
     for pid in (1001, 1002, 1003, 1004):
         table[pid] = ProcInfo(pid, 1, 1000, "S", 7)

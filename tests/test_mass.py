@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -77,7 +78,7 @@ def test_a_burst_freezes_the_heap_until_its_last_teardown_ends() -> None:
 def test_the_freeze_is_released_after_freeze_max_and_not_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy period that never drops to 0 holds the freeze at most FREEZE_MAX, then not again until idle."""
     now = [1000.0]
-    monkeypatch.setattr(_mass.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     for _ in range(_mass.INLINE_MAX + 1):
         _mass.enter()
     assert _mass.frozen()
@@ -349,7 +350,11 @@ async def test_in_a_burst_wakeups_go_pace_chunk_per_batch_and_all_of_them() -> N
     trio.lowlevel.add_instrument(Batches())
     asked_in = batches[0]
     for who in range(n):
-        _mass.wake_soon(lambda who=who: woken.append((who, batches[0])))
+
+        def wake(who: int = who) -> None:
+            woken.append((who, batches[0]))
+
+        _mass.wake_soon(wake)
     assert woken == []
     with trio.fail_after(10):
         while len(woken) < n:
@@ -373,7 +378,11 @@ def test_wakeups_put_off_are_all_made_when_the_run_ends() -> None:
 
     async def main() -> None:
         for who in range(3 * _mass.WAKE_CHUNK):
-            _mass.wake_soon(lambda who=who: woken.append(who))
+
+            def wake(who: int = who) -> None:
+                woken.append(who)
+
+            _mass.wake_soon(wake)
 
     trio.run(main)
     assert sorted(woken) == list(range(3 * _mass.WAKE_CHUNK))

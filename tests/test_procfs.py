@@ -8,13 +8,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from conftest import MARKER
-from trio_procown import _procfs
+from trio_procown import _mass, _procfs
 from trio_procown._procfs import PidMark
 
 
@@ -312,7 +313,7 @@ def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) ->
 
     clock = [100.0]
     monkeypatch.setattr(_procfs, "pid_mark", pid_mark)
-    monkeypatch.setattr(_procfs.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(_procfs, "_NEWEST", [newest])
     monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0] - _procfs.MARK_REUSE / 2])
     monkeypatch.setattr(_procfs, "_FORKS_AT", [clock[0] - _procfs.MARK_REUSE / 2])
@@ -387,8 +388,8 @@ async def _gather_with(
     from trio_procown import _signaller
 
     monkeypatch.setattr(_signaller, "pending", lambda: signals_queued)
-    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: burst)
-    monkeypatch.setattr(_procfs._mass, "expected", lambda: expected)
+    monkeypatch.setattr(_mass, "in_burst", lambda: burst)
+    monkeypatch.setattr(_mass, "expected", lambda: expected)
     this = _procfs._Round()
     async with trio.open_nursery() as nursery:
         for _ in range(waiting):
@@ -441,14 +442,16 @@ async def test_a_round_with_no_signal_queued_starts_once_nobody_has_joined_for_a
 def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPatch) -> None:
     """The shared scan takes SCAN_SLICE_URGENT slices while at least half the teardowns expected
     wait for it or for the round after it; never outside a burst."""
+    import trio.lowlevel
+
     coalescer = _procfs._Coalescer()
     running, following = _procfs._Round(), _procfs._Round()
     coalescer._running, coalescer._next = running, following
-    monkeypatch.setattr(_procfs._mass, "expected", lambda: 10)
-    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: True)
+    monkeypatch.setattr(_mass, "expected", lambda: 10)
+    monkeypatch.setattr(_mass, "in_burst", lambda: True)
     sizes = {"running": 2, "next": 3}
     monkeypatch.setattr(
-        _procfs.trio.lowlevel.ParkingLot,
+        trio.lowlevel.ParkingLot,
         "__len__",
         lambda lot: sizes["running" if lot is running.waiting else "next"],
     )
@@ -456,7 +459,7 @@ def test_a_scan_most_of_a_burst_waits_for_is_urgent(monkeypatch: pytest.MonkeyPa
     sizes["next"] = 2
     assert not coalescer._urgent()  # 4 of 10
     sizes["next"] = 3
-    monkeypatch.setattr(_procfs._mass, "in_burst", lambda: False)
+    monkeypatch.setattr(_mass, "in_burst", lambda: False)
     assert not coalescer._urgent()
 
 

@@ -3,7 +3,7 @@ stronger than the steps behind it. No processes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -201,6 +201,10 @@ def test_steps_carry_their_signals_in_json() -> None:
     assert receipt(KILL).to_dict()["steps"][0]["signals"] == ["SIGKILL"]
 
 
+# A stream's end, as StreamRecord.state types it.
+StreamState = Literal["eof", "abandoned", "closed", "not captured"]
+
+
 @pytest.mark.parametrize(
     ("states", "dropped", "expected"),
     [
@@ -214,7 +218,7 @@ def test_steps_carry_their_signals_in_json() -> None:
     ],
 )
 def test_output_state_is_derived_from_the_streams(
-    states: tuple[str, str], dropped: int, expected: str
+    states: tuple[StreamState, StreamState], dropped: int, expected: str
 ) -> None:
     """output_of(): complete only with EOF on every captured stream; abandoned beats closed; drops truncate"""
     from trio_procown._receipt import output_of
@@ -222,5 +226,5 @@ def test_output_state_is_derived_from_the_streams(
     streams = [
         StreamRecord(name, state, 10, 10 - dropped, dropped)
         for name, state in zip(("stdout", "stderr"), states, strict=True)
-    ]  # type: ignore[arg-type]
+    ]
     assert output_of(streams) == expected

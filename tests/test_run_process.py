@@ -27,6 +27,7 @@ import trio_procown
 from conftest import MARKER
 from helpers import alive, kill_and_wait, pids_in
 from trio_procown import OwnedProcess, run_process
+from trio_procown._command import OwnedOptions
 
 
 def python(code: str) -> list[str]:
@@ -197,14 +198,14 @@ async def test_run() -> None:
     result = await run_process(CAT, stdin=data, capture_stdout=True, capture_stderr=True)
     assert (result.args, result.returncode, result.stdout, result.stderr) == (CAT, 0, data, b"")
     result = await run_process(CAT, capture_stdout=True)
-    assert (result.args, result.returncode, result.stdout, result.stderr) == (CAT, 0, b"", None)
+    assert (result.args, result.returncode, result.stdout, result.stderr) == (CAT, 0, b"", None)  # type: ignore[comparison-overlap]  # stderr not captured: None, though typed bytes
     result = await run_process(
         COPY_STDIN_TO_STDOUT_AND_BACKWARD_TO_STDERR, stdin=data, capture_stdout=True, capture_stderr=True
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, data, data[::-1])
 
     with pytest.raises(UnicodeError):
-        await run_process(CAT, stdin="oh no, it's text")  # type: ignore[arg-type]
+        await run_process(CAT, stdin="oh no, it's text")
     pipe_stdin_error = (
         r"^stdin=subprocess\.PIPE is only valid with nursery\.start, since that's the only way to access "
         r"the pipe; use nursery\.start or pass the data you want to write directly$"
@@ -271,7 +272,7 @@ async def test_stderr_stdout() -> None:
         capture_stdout=True,
         stderr=subprocess.STDOUT,
     )
-    assert (result.returncode, result.stdout, result.stderr) == (0, b"12344321", None)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"12344321", None)  # type: ignore[comparison-overlap]  # stderr=STDOUT: None, though typed bytes
 
     r, w = os.pipe()
     try:
@@ -436,7 +437,7 @@ async def test_deliver_cancel_is_gentler_but_never_leaves_the_tree() -> None:
 @pytest.mark.parametrize(
     ("given", "budget"), [({}, "budget 5s (grace)"), ({"grace": 0.5}, "budget 0.5s (grace)")]
 )
-async def test_the_cancel_window_is_trios_five_seconds(given: dict[str, float], budget: str) -> None:
+async def test_the_cancel_window_is_trios_five_seconds(given: OwnedOptions, budget: str) -> None:
     """trio waits 5 s between SIGTERM and SIGKILL on cancel; the drop-in's
     teardown gives the same grace unless told otherwise (run_owned's is 2 s)."""
     with trio.move_on_after(0.2):
@@ -547,10 +548,10 @@ async def test_two_tasks_receiving_at_once_is_a_busy_resource() -> None:
 async def test_an_already_cancelled_scope_starts_nothing(entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Like trio.run_process, entering under a scope that is already cancelled
     raises Cancelled before anything is spawned: the spawner is never called."""
-    from trio_procown import _command
+    from trio_procown import _command, _spawn
 
     calls: list[object] = []
-    real_spawn = _command.spawn_steps
+    real_spawn = _spawn.spawn_steps
 
     def counting_spawn(*args: Any, **kwargs: Any) -> Any:
         calls.append(args[0])
@@ -698,10 +699,10 @@ async def test_captured_output_is_kept_whole_as_trio_keeps_it() -> None:
     command = ["sh", "-c", f"head -c {size} /dev/zero", MARKER]
     done = await run_process(command, capture_stdout=True)
     assert len(done.stdout) == size
-    assert done.receipt.output == "complete"
+    assert done.receipt.output == "complete"  # type: ignore[attr-defined]
     bounded = await run_process(command, capture_stdout=True, max_output=1024)
     assert len(bounded.stdout) == 1024
-    assert bounded.receipt.output == "truncated"
+    assert bounded.receipt.output == "truncated"  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

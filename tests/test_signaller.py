@@ -15,16 +15,19 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import domains, read_ready
+from helpers import Budgets, domains, read_ready
 from trio_procown import _mass, _signaller
 from trio_procown._cgroup import CgroupDomain
+from trio_procown._choice import DomainName
 from trio_procown._domain import Domain, ProcessGroupDomain
 from trio_procown._receipt import Action
 from trio_procown._teardown import CUT_SHORT_SCAN, CUT_SHORT_WAIT, TEARDOWN_ALLOWANCE
 
 SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
-BUDGETS = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
-BUDGET = sum(BUDGETS.values()) + TEARDOWN_ALLOWANCE
+
+
+BUDGETS: Budgets = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
+BUDGET = BUDGETS["grace"] + BUDGETS["kill_wait"] + BUDGETS["drain_wait"] + TEARDOWN_ALLOWANCE
 
 
 @pytest.fixture
@@ -98,13 +101,13 @@ async def test_a_cancelled_action_never_runs(stuck_worker: threading.Event) -> N
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("domain", domains())
 async def test_a_stuck_signaller_still_ends_the_command_within_the_bound(
-    domain: str, stuck_worker: threading.Event, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, stuck_worker: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The graceful signal waits in the queue past the teardown's deadline:
     it is recorded as not sent and never sent, the forced fallback (on the
     loop) ends the command, and the block returns within its bound."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # every teardown through the thread
-    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:
         await read_ready(run)
         start = trio.current_time()
         receipt = await run.terminate()
@@ -165,21 +168,21 @@ async def test_an_idle_worker_ends_and_a_new_one_takes_over(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("domain", domains())
 async def test_few_teardowns_signal_from_the_loop_many_through_the_thread(
-    domain: str, submitted: list[object]
+    domain: DomainName, submitted: list[object]
 ) -> None:
     """One command torn down alone is signalled from the loop (no thread
     handoff on its deadline's path); more than INLINE_MAX torn down
     together are signalled through the worker, and all end."""
 
     async def one(ready: trio.Event) -> None:
-        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:
             async for _ in run.lines():
                 break
             ready.set()
             await trio.sleep_forever()
 
     with trio.move_on_after(5):
-        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+        async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:
             async for _ in run.lines():
                 break
             alone = await run.terminate()
@@ -298,7 +301,7 @@ def _exited(pid: int) -> None:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("domain", domains())
 async def test_in_a_burst_the_graceful_signal_is_queued_with_the_stop_request(
-    domain: str, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
 ) -> None:
     """In a burst a stop request queues the graceful signal for the thread at
     once, before its teardown's task runs (with 2,000 cancelled together the
@@ -306,7 +309,7 @@ async def test_in_a_burst_the_graceful_signal_is_queued_with_the_stop_request(
     that action: one graceful signal, recorded once, and the command ends
     without force."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)  # a burst of one
-    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:
         await read_ready(run)
         run.request_stop("stopped")
         assert len(jobs) == 1  # queued by the request itself, no checkpoint since
@@ -322,7 +325,7 @@ async def test_in_a_burst_the_graceful_signal_is_queued_with_the_stop_request(
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("domain", domains())
 async def test_a_leader_ended_by_the_early_signal_counts_as_stopped(
-    domain: str, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch, jobs: list[_signaller.Job[object]]
 ) -> None:
     """The leader dies of the queued signal before the stop's wakeup reaches
     its supervisor (beyond WAKE_CHUNK stops, wakeups are put off to later
@@ -331,7 +334,7 @@ async def test_a_leader_ended_by_the_early_signal_counts_as_stopped(
     by itself; the signal's step is there."""
     monkeypatch.setattr(_mass, "INLINE_MAX", 0)
     put_off: list[Callable[[], object]] = []
-    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+    async with trio_procown.open_owned_command(SLEEPER, domain=domain, **BUDGETS) as run:
         await read_ready(run)
         monkeypatch.setattr(_mass, "wake_soon", put_off.append)
         run.request_stop("stopped")
@@ -445,13 +448,13 @@ async def test_a_census_table_late_past_the_grace_is_not_charged_to_the_command(
     assert grace.outcome == "empty", receipt.steps
 
 
-def _domain_class(domain: str) -> type[Domain]:
+def _domain_class(domain: DomainName) -> type[Domain]:
     return CgroupDomain if domain == "cgroup" else ProcessGroupDomain
 
 
 @pytest.mark.parametrize("domain", domains())
 async def test_a_domain_seen_empty_when_its_grace_runs_out_is_not_forced(
-    domain: str, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The command obeys SIGTERM within its grace, but its emptying never reaches the wait (a
     starved loop sees the deadline first; a group's proving scan comes late): when the grace runs
@@ -473,7 +476,7 @@ async def test_a_domain_seen_empty_when_its_grace_runs_out_is_not_forced(
         "print('ready', flush=True)\n"
         "time.sleep(30)"
     )
-    async with trio_procown.open_owned_command(slow_to_end, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+    async with trio_procown.open_owned_command(slow_to_end, domain=domain, **BUDGETS) as run:
         await read_ready(run)
         receipt = await run.terminate()
     assert not receipt.forced, receipt.claims()
@@ -486,7 +489,7 @@ async def test_a_domain_seen_empty_when_its_grace_runs_out_is_not_forced(
     assert any("when the grace period had run out" in claim for claim in receipt.claims())
 
 
-def _first_wait_without_notice(monkeypatch: pytest.MonkeyPatch, domain: str) -> None:
+def _first_wait_without_notice(monkeypatch: pytest.MonkeyPatch, domain: DomainName) -> None:
     """The domain's first wait_empty never learns anything; later ones are real."""
     cls = _domain_class(domain)
     real_wait_empty = cls.wait_empty
@@ -510,7 +513,7 @@ def _first_wait_without_notice(monkeypatch: pytest.MonkeyPatch, domain: str) -> 
     ],
 )
 async def test_a_domain_still_busy_when_its_grace_runs_out_is_forced(
-    domain: str, stubborn: str, monkeypatch: pytest.MonkeyPatch
+    domain: DomainName, stubborn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same missing notice, but something ignores SIGTERM (the leader, or a member of a
     group whose leader died of it): the domain is not empty when the grace runs out, so the stage
@@ -527,7 +530,7 @@ async def test_a_domain_still_busy_when_its_grace_runs_out_is_forced(
         # before the trap: under load the member then died of the signal); the marker: in our
         # environment.
         command = "(trap '' TERM; echo ready; exec sleep 30) & wait"
-    async with trio_procown.open_owned_command(command, domain=domain, **BUDGETS) as run:  # type: ignore[arg-type]
+    async with trio_procown.open_owned_command(command, domain=domain, **BUDGETS) as run:
         await read_ready(run)
         receipt = await run.terminate()
     assert receipt.forced, receipt.claims()

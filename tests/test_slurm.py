@@ -22,8 +22,8 @@ import trio
 
 import trio_procown
 from conftest import MARKER
-from trio_procown._command import TEARDOWN_ALLOWANCE
 from trio_procown._slurm import SlurmDomain, cluster_status, limit_minutes
+from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 # Set by .ci/run once its cluster is up: skipping would then hide a failure.
 REQUIRE_ENV = "PROCOWN_REQUIRE_SLURM"

@@ -14,12 +14,15 @@ import trio
 
 import trio_procown
 from conftest import py
-from helpers import alive, domains, kill_and_wait, read_ready
+from helpers import Budgets, alive, domains, kill_and_wait, read_ready
 
 DOMAINS = domains()
 SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
-BUDGETS = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
-BOUND = sum(BUDGETS.values()) + 2.0  # the budgets, the allowance, and scheduling slack
+
+
+BUDGETS: Budgets = {"grace": 0.3, "kill_wait": 0.3, "drain_wait": 0.3}
+# The budgets, the allowance, and scheduling slack.
+BOUND = BUDGETS["grace"] + BUDGETS["kill_wait"] + BUDGETS["drain_wait"] + 2.0
 
 
 def _pid_of_pidfd(fd: int) -> int:

@@ -34,6 +34,7 @@ import pytest
 from conftest import py
 from helpers import alive
 from trio_procown import _timeout
+from trio_procown._budgets import DEFAULT_GRACE
 
 GNU = shutil.which("timeout")
 OURS = [sys.executable, "-m", "trio_procown", "timeout"]
@@ -508,7 +509,7 @@ def test_without_kill_after_the_wait_is_still_bounded(tmp_path: Path) -> None:
     receipt = json.loads(receipt_path.read_text())
     assert (receipt["cause"], receipt["forced"], receipt["domain_empty"]) == ("timed_out", True, True)
     waits = [s["detail"] for s in receipt["steps"] if s["action"] == "wait"]
-    assert f"budget {_timeout.DEFAULT_GRACE:g}s (grace)" in waits
+    assert f"budget {DEFAULT_GRACE:g}s (grace)" in waits
 
 
 def test_kill_after_sets_the_grace(tmp_path: Path) -> None:
