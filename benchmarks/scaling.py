@@ -199,7 +199,8 @@ class _MassPoint:
         self.busiest: list[float] = []  # the most CPU time the loop thread spent in any gap
         self.survivors: list[int] = []
         self.spawn: list[float] = []  # start -> every command ready
-        self.cpu: list[_CpuUse] = []  # the machine's CPU from the cancel to the last return
+        # The machine's CPU from the cancel to the last return, one per run (None: never cancelled).
+        self.cpu: list[_CpuUse | None] = []
         self.forced = 0
         self.not_empty = 0
         self.receipts = 0
@@ -215,7 +216,7 @@ class _MassPoint:
             "max_loop_cpu_in_a_gap_seconds": self.busiest,
             "survivors": self.survivors,
             "ready_seconds": self.spawn,
-            "cpu_in_teardown": [c.to_dict() for c in self.cpu],
+            "cpu_in_teardown": [None if c is None else c.to_dict() for c in self.cpu],
             "receipts": self.receipts,
             "forced": self.forced,
             "not_proved_empty": self.not_empty,
@@ -317,8 +318,7 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
                 t0 = trio.current_time()
                 scope.deadline = t0  # every command is cancelled together, now
         t1 = trio.current_time()
-        if cpu is not None:
-            point.cpu.append(cpu.stop())
+        point.cpu.append(None if cpu is None else cpu.stop())  # one per run, as walls
         outer.cancel_scope.cancel()
     if t0 is None or len(ends) < k:
         point.errors.append(f"{k} {domain}: only {ready} of {k} commands became ready")
@@ -543,10 +543,12 @@ def _cpu_table(mass: dict[tuple[int, DomainName], _MassPoint], storms: dict[int,
 
     rows = []
     for (k, d), p in mass.items():
-        if not p.cpu or not p.walls:
+        if not p.walls:
             continue
         slowest = max(range(len(p.walls)), key=lambda i: p.walls[i])
-        use = p.cpu[min(slowest, len(p.cpu) - 1)]
+        use = p.cpu[slowest]
+        if use is None:
+            continue
         ran = [f for f in storms.get(k, []) if f.cpu is not None]
         storm = max(ran, key=lambda f: f.reaped) if ran else None
         rows.append(
