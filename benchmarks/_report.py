@@ -151,6 +151,10 @@ def closing_note(sections: list[Section]) -> list[str]:
                         f"{statistics.median(after) * 1e6:,.0f} µs after {idle * 1e3:g} ms idle"
                     )
             lines.append(f"  An occasional command (capturing both streams): {'; '.join(parts)}.")
+        loops = spawn.get("loop_seconds", {})
+        if loops:
+            looped = [f"{name} {statistics.median(v) * 1e6:,.0f} µs" for name, v in loops.items() if v]
+            lines.append(f"  In a loop of the same call (capturing both streams): {'; '.join(looped)}.")
     drain = _data(sections, "drain")
     if drain:
         owned_mem = [

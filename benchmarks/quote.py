@@ -430,6 +430,26 @@ def _spawn(r: Results, domains_link: str) -> str:
     def gap(name: str, back: bool) -> str:
         return us_n(_median(_get(gaps, name, "0.0" if back else str(idle))))
 
+    loops = d.get("loop_seconds", {})
+
+    def looped(name: str) -> float | None:
+        return _median(loops.get(name))
+
+    def loop_x(name: str) -> str:
+        mine, base = looped(name), looped("trio.run_process capture")
+        return x(mine / base if mine is not None and base else None)
+
+    def gap_x(name: str, seconds: float) -> str:
+        mine = _median(_get(gaps, name, str(seconds)))
+        base = _median(_get(gaps, "trio.run_process capture", str(seconds)))
+        return x(mine / base if mine is not None and base else None)
+
+    def by_gap(name: str) -> str:
+        return ", ".join(
+            f"{gap_x(name, g)} {'right after another command' if g == 0 else f'after {g * 1e3:g} ms idle'}"
+            for g in (0.0, 0.001, 0.005, idle)
+        )
+
     pg = r.target("spawn", "run_owned process-group / trio.run_process capture")
     cg = r.target("spawn", "run_owned cgroup / trio.run_process capture")
     after = f"after {idle * 1e3:g} ms idle"
@@ -455,7 +475,11 @@ def _spawn(r: Results, domains_link: str) -> str:
   {idle * 1e3:g} ms idle (process-group {gap("run_owned process-group", True)} µs and {gap("run_owned process-group", False)} µs; `trio.run_process`
   {gap("trio.run_process capture", True)} µs and {gap("trio.run_process capture", False)} µs). The targets of this run ({limit(pg, digits=".2f")} for
   process-group, {limit(cg, digits=".2f")} for cgroup, in the interleaved rounds and {after}) were
-  {verdict(targets)}."""
+  {verdict(targets)}. Called in a loop ({d.get("loop_length", MISSING)} calls of one variant in a row, each started
+  as soon as the previous returned), process-group took {us(looped("run_owned process-group"))}, {loop_x("run_owned process-group")}
+  `trio.run_process capture` ({us(looped("trio.run_process capture"))}), and cgroup {us(looped("run_owned cgroup"))}, {loop_x("run_owned cgroup")}. The same
+  ratio by the idle before a command: process-group {by_gap("run_owned process-group")};
+  cgroup {by_gap("run_owned cgroup")}."""
 
 
 def _deadline(r: Results) -> str:

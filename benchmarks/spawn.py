@@ -23,6 +23,15 @@
 # without favordynmods); a command created inside its cgroup by clone3
 # (the spawner, docs/domains.md) moves nothing. Back-to-back loops would
 # hide a move's cost; the idle rows are what an occasional command pays.
+# The same rounds also sleep 1 ms and 5 ms before some samples: how much
+# of the cost is the machine coming back from idle (these VMs halt an idle
+# vCPU at once, and caches go cold) rather than the work itself.
+#
+# And the other end: each variant called LOOP_LENGTH times in a row (a
+# build's or a test suite's loop of commands, each started as soon as the
+# previous one returned), the variants' loops interleaved. Every call but
+# the first of a loop is timed: what a loop of commands pays per command,
+# with warm caches.
 #
 # And a third: many commands at once (an agent's tools, a build): a batch of
 # `echo`s run CROWD_LIMIT at a time, per variant, timed whole. There the
@@ -75,6 +84,9 @@ FLOOR = "posix_spawn+waitpid"
 TARGETS = {"run_owned process-group": 1.00, "run_owned cgroup": 1.30}
 FAR = 60.0  # the peers' deadline: never reached by /bin/true
 IDLE_GAP = 0.05
+# The gaps of the gap sweep (seconds idle before a sample), IDLE_GAP last.
+GAPS = (0.0, 0.001, 0.005, IDLE_GAP)
+LOOP_LENGTH = 10
 PEER_VARIANTS = {
     "peer: subprocess.run capture_output+timeout": "subprocess.run",
     "peer: communicate(timeout) recipe": "communicate",
@@ -113,9 +125,9 @@ def _peer_sync(call: Callable[[Command, float], bytes | None]) -> Measure:
     return timed_sync(lambda: call([TRUE], FAR))
 
 
-async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float, list[float]]]:
-    """Spawn-and-wait capturing both streams, per domain and by
-    trio.run_process, back to back (gap 0) and after IDLE_GAP idle."""
+def _capture_calls(domains: list[DomainName]) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Spawn-and-wait of /bin/true capturing both streams: trio.run_process
+    and run_owned per domain."""
 
     def owned(d: DomainName) -> Callable[[], Awaitable[object]]:
         return lambda: trio_procown.run_owned([TRUE], domain=d)
@@ -124,20 +136,45 @@ async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float,
         BASE_CAPTURE: lambda: trio.run_process([TRUE], capture_stdout=True, capture_stderr=True)
     }
     calls.update({f"run_owned {d}": owned(d) for d in domains})
-    out: dict[str, dict[float, list[float]]] = {name: {0.0: [], IDLE_GAP: []} for name in calls}
+    return calls
+
+
+async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float, list[float]]]:
+    """Spawn-and-wait capturing both streams, per domain and by
+    trio.run_process, right after the previous sample (gap 0) and after
+    each idle gap of GAPS; `n` samples per variant and gap."""
+    calls = _capture_calls(domains)
+    out: dict[str, dict[float, list[float]]] = {name: {gap: [] for gap in GAPS} for name in calls}
     for call in calls.values():
         await call()
     # Interleaved: sample i of every variant is taken in turn (in an order
     # shuffled for each round, see round_orders), so a drift of the
-    # machine's speed reaches all alike.
-    for i, order in enumerate(round_orders(list(calls), 2 * n)):
-        gap = IDLE_GAP if i % 2 else 0.0
+    # machine's speed reaches all alike; the rounds cycle through the gaps.
+    for i, order in enumerate(round_orders(list(calls), len(GAPS) * n)):
+        gap = GAPS[i % len(GAPS)]
         for name in order:
             if gap:
                 await trio.sleep(gap)
             start = time.perf_counter()
             await calls[name]()
             out[name][gap].append(time.perf_counter() - start)
+    return out
+
+
+async def _loop_sweep(domains: list[DomainName], loops: int) -> dict[str, list[float]]:
+    """Each variant called LOOP_LENGTH times in a row, `loops` times, the
+    variants' loops interleaved (shuffled order each round); every call but
+    the first of each loop, timed."""
+    calls = _capture_calls(domains)
+    out: dict[str, list[float]] = {name: [] for name in calls}
+    for order in round_orders(list(calls), loops):
+        for name in order:
+            call = calls[name]
+            await call()  # the first of the loop follows another variant: not timed
+            for _ in range(LOOP_LENGTH - 1):
+                start = time.perf_counter()
+                await call()
+                out[name].append(time.perf_counter() - start)
     return out
 
 
@@ -288,24 +325,27 @@ async def run(cfg: Config) -> Section:
     if anomalies:
         section.notes.append(f"{len(anomalies)} unexpected receipt(s), first: {anomalies[0]}")
     gaps = await _gap_sweep(domains, cfg.pick(15, 40))
-    back = {name: Stats.of(v[0.0]) for name, v in gaps.items()}
-    idle = {name: Stats.of(v[IDLE_GAP]) for name, v in gaps.items()}
+    loops = await _loop_sweep(domains, cfg.pick(6, 30))
+    at = {gap: {name: Stats.of(v[gap]).median for name, v in gaps.items()} for gap in GAPS}
+    looped = {name: Stats.of(v).median for name, v in loops.items()}
+    back, idle = at[0.0], at[IDLE_GAP]
     gap_rows = []
     for name in gaps:
         target = ""
         limit = TARGETS.get(name)
         if limit is not None:
-            value = idle[name].median / idle[BASE_CAPTURE].median
+            value = idle[name] / idle[BASE_CAPTURE]
             v = section.target(f"{name} after {IDLE_GAP * 1e3:g} ms idle / {BASE_CAPTURE}", value, limit, "x")
             target = f"≤ {limit:.2f} x → {v}"
         gap_rows.append(
             [
                 name,
-                us(back[name].median),
-                us(idle[name].median),
-                us(idle[name].median - back[name].median),
-                ratio(back[name].median / back[BASE_CAPTURE].median),
-                ratio(idle[name].median / idle[BASE_CAPTURE].median),
+                us(looped[name]),
+                us(back[name]),
+                us(idle[name]),
+                us(idle[name] - back[name]),
+                ratio(looped[name] / looped[BASE_CAPTURE]),
+                *(ratio(at[gap][name] / at[gap][BASE_CAPTURE]) for gap in GAPS),
                 target,
             ]
         )
@@ -313,16 +353,22 @@ async def run(cfg: Config) -> Section:
         Table(
             [
                 "variant (capture)",
+                "in a loop: median µs",
                 "back to back: median µs",
                 f"after {IDLE_GAP * 1e3:g} ms idle: median µs",
                 "extra µs",
+                "in a loop x trio capture",
                 "back to back x trio capture",
-                "after idle x trio capture",
-                "target (after idle)",
+                *(f"after {gap * 1e3:g} ms idle x trio capture" for gap in GAPS[1:]),
+                "target (after 50 ms idle)",
             ],
             gap_rows,
-            caption=f"{cfg.pick(15, 40)} samples per cell, each variant capturing both streams of "
-            "/bin/true, alternating the two gaps, the variants interleaved (shuffled order). The idle figure is the cost of an occasional command.",
+            caption=f"{cfg.pick(15, 40)} samples per variant and gap, each variant capturing both streams "
+            "of /bin/true, the rounds cycling through the gaps (back to back: right after the previous "
+            "sample, of any variant), the variants interleaved (shuffled order). The idle figures are "
+            f"the cost of an occasional command. In a loop: {LOOP_LENGTH} calls of one variant in a row, "
+            f"{cfg.pick(6, 30)} such loops per variant, interleaved; every call but a loop's first "
+            "timed (a build's or a test suite's loop of commands).",
         )
     )
     crowd = await _crowd_sweep(domains, cfg.pick(200, 1000), cfg.pick(3, 5))
@@ -347,6 +393,8 @@ async def run(cfg: Config) -> Section:
         "crowd_limit": CROWD_LIMIT,
         "idle_gap": IDLE_GAP,
         "gap_sweep_seconds": {d: {str(g): v for g, v in per.items()} for d, per in gaps.items()},
+        "loop_seconds": loops,
+        "loop_length": LOOP_LENGTH,
         "rounds": rounds,
         "warmup": warmup,
         "stats_seconds": {k: v.to_dict() for k, v in stats.items()},
