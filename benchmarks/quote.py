@@ -435,20 +435,23 @@ def _spawn(r: Results, domains_link: str) -> str:
     def looped(name: str) -> float | None:
         return _median(loops.get(name))
 
-    def loop_x(name: str) -> str:
-        mine, base = looped(name), looped("trio.run_process capture")
+    def over_trio(mine: float | None, base: float | None) -> str:
         return x(mine / base if mine is not None and base else None)
 
-    def gap_x(name: str, seconds: float) -> str:
-        mine = _median(_get(gaps, name, str(seconds)))
-        base = _median(_get(gaps, "trio.run_process capture", str(seconds)))
-        return x(mine / base if mine is not None and base else None)
+    def loop_x(name: str) -> str:
+        return over_trio(looped(name), looped("trio.run_process capture"))
 
     def by_gap(name: str) -> str:
-        return ", ".join(
-            f"{gap_x(name, g)} {'right after another command' if g == 0 else f'after {g * 1e3:g} ms idle'}"
-            for g in (0.0, 0.001, 0.005, idle)
-        )
+        def one(key: str) -> str:
+            seconds = float(key)
+            ratio = over_trio(
+                _median(_get(gaps, name, key)), _median(_get(gaps, "trio.run_process capture", key))
+            )
+            return f"{ratio} {'right after another command' if seconds == 0 else f'after {seconds * 1e3:g} ms idle'}"
+
+        # The gaps this run measured (the JSON's keys), shortest first.
+        keys = sorted(_get(gaps, "trio.run_process capture") or {}, key=float)
+        return ", ".join(one(k) for k in keys) or MISSING
 
     pg = r.target("spawn", "run_owned process-group / trio.run_process capture")
     cg = r.target("spawn", "run_owned cgroup / trio.run_process capture")

@@ -125,39 +125,37 @@ def _peer_sync(call: Callable[[Command, float], bytes | None]) -> Measure:
     return timed_sync(lambda: call([TRUE], FAR))
 
 
-def _capture_calls(domains: list[DomainName]) -> dict[str, Callable[[], Awaitable[object]]]:
-    """Spawn-and-wait of /bin/true capturing both streams: trio.run_process
-    and run_owned per domain."""
+def _capture_measures(domains: list[DomainName]) -> dict[str, Measure]:
+    """Spawn-and-wait of /bin/true capturing both streams, timed:
+    trio.run_process and run_owned per domain."""
 
-    def owned(d: DomainName) -> Callable[[], Awaitable[object]]:
-        return lambda: trio_procown.run_owned([TRUE], domain=d)
+    def owned(d: DomainName) -> Measure:
+        return timed_async(lambda: trio_procown.run_owned([TRUE], domain=d))
 
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        BASE_CAPTURE: lambda: trio.run_process([TRUE], capture_stdout=True, capture_stderr=True)
+    measures = {
+        BASE_CAPTURE: timed_async(lambda: trio.run_process([TRUE], capture_stdout=True, capture_stderr=True))
     }
-    calls.update({f"run_owned {d}": owned(d) for d in domains})
-    return calls
+    measures.update({f"run_owned {d}": owned(d) for d in domains})
+    return measures
 
 
 async def _gap_sweep(domains: list[DomainName], n: int) -> dict[str, dict[float, list[float]]]:
     """Spawn-and-wait capturing both streams, per domain and by
     trio.run_process, right after the previous sample (gap 0) and after
     each idle gap of GAPS; `n` samples per variant and gap."""
-    calls = _capture_calls(domains)
-    out: dict[str, dict[float, list[float]]] = {name: {gap: [] for gap in GAPS} for name in calls}
-    for call in calls.values():
-        await call()
+    measures = _capture_measures(domains)
+    out: dict[str, dict[float, list[float]]] = {name: {gap: [] for gap in GAPS} for name in measures}
+    for measure in measures.values():
+        await measure()
     # Interleaved: sample i of every variant is taken in turn (in an order
     # shuffled for each round, see round_orders), so a drift of the
     # machine's speed reaches all alike; the rounds cycle through the gaps.
-    for i, order in enumerate(round_orders(list(calls), len(GAPS) * n)):
+    for i, order in enumerate(round_orders(list(measures), len(GAPS) * n)):
         gap = GAPS[i % len(GAPS)]
         for name in order:
             if gap:
                 await trio.sleep(gap)
-            start = time.perf_counter()
-            await calls[name]()
-            out[name][gap].append(time.perf_counter() - start)
+            out[name][gap].append(await measures[name]())
     return out
 
 
@@ -165,16 +163,13 @@ async def _loop_sweep(domains: list[DomainName], loops: int) -> dict[str, list[f
     """Each variant called LOOP_LENGTH times in a row, `loops` times, the
     variants' loops interleaved (shuffled order each round); every call but
     the first of each loop, timed."""
-    calls = _capture_calls(domains)
-    out: dict[str, list[float]] = {name: [] for name in calls}
-    for order in round_orders(list(calls), loops):
+    measures = _capture_measures(domains)
+    out: dict[str, list[float]] = {name: [] for name in measures}
+    for order in round_orders(list(measures), loops):
         for name in order:
-            call = calls[name]
-            await call()  # the first of the loop follows another variant: not timed
-            for _ in range(LOOP_LENGTH - 1):
-                start = time.perf_counter()
-                await call()
-                out[name].append(time.perf_counter() - start)
+            measure = measures[name]
+            await measure()  # the first of the loop follows another variant: not counted
+            out[name] += [await measure() for _ in range(LOOP_LENGTH - 1)]
     return out
 
 
@@ -324,8 +319,9 @@ async def run(cfg: Config) -> Section:
     )
     if anomalies:
         section.notes.append(f"{len(anomalies)} unexpected receipt(s), first: {anomalies[0]}")
-    gaps = await _gap_sweep(domains, cfg.pick(15, 40))
-    loops = await _loop_sweep(domains, cfg.pick(6, 30))
+    gap_samples, loop_runs = cfg.pick(15, 40), cfg.pick(6, 30)
+    gaps = await _gap_sweep(domains, gap_samples)
+    loops = await _loop_sweep(domains, loop_runs)
     at = {gap: {name: Stats.of(v[gap]).median for name, v in gaps.items()} for gap in GAPS}
     looped = {name: Stats.of(v).median for name, v in loops.items()}
     back, idle = at[0.0], at[IDLE_GAP]
@@ -363,11 +359,11 @@ async def run(cfg: Config) -> Section:
                 "target (after 50 ms idle)",
             ],
             gap_rows,
-            caption=f"{cfg.pick(15, 40)} samples per variant and gap, each variant capturing both streams "
+            caption=f"{gap_samples} samples per variant and gap, each variant capturing both streams "
             "of /bin/true, the rounds cycling through the gaps (back to back: right after the previous "
             "sample, of any variant), the variants interleaved (shuffled order). The idle figures are "
             f"the cost of an occasional command. In a loop: {LOOP_LENGTH} calls of one variant in a row, "
-            f"{cfg.pick(6, 30)} such loops per variant, interleaved; every call but a loop's first "
+            f"{loop_runs} such loops per variant, interleaved; every call but a loop's first "
             "timed (a build's or a test suite's loop of commands).",
         )
     )
