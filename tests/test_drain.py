@@ -238,3 +238,53 @@ async def test_commands_ending_at_once_lose_no_output_to_the_teardown_taking_the
     for _ in range(150):
         result = await trio_procown.run_owned(["sh", "-c", "echo out; echo err >&2"], domain="process-group")
         assert (result.stdout, result.stderr, result.receipt.output) == (b"out\n", b"err\n", "complete")
+
+
+async def test_a_drain_abandoned_before_its_task_first_ran_reads_nothing_and_ends() -> None:
+    """abandon() before the reading task got a turn: the task, when it
+    runs, reads nothing and ends at once; the pipe is closed and the record
+    is empty (nothing was read, so nothing is kept or claimed)."""
+    import os
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    try:
+        drain = Drain("stdout", r, 1 << 20)
+        os.write(w, b"never read")
+        drain.abandon()
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain.run)
+        assert drain.done.is_set()
+        assert drain.abandoned
+        assert drain.fd is None
+        assert drain.capture.total == 0
+    finally:
+        os.close(w)
+
+
+async def test_a_drain_paused_before_its_task_first_ran_reads_everything_when_run_again() -> None:
+    """pause() before the reading task got a turn (a handoff at once)
+    returns when that task has started and stopped without reading; run
+    again, as in the new owner's nursery, the one task reads the whole
+    stream, once, to its end."""
+    import os
+
+    from trio_procown._drain import Drain
+
+    r, w = os.pipe()
+    drain = Drain("stdout", r, 1 << 20)
+    os.write(w, b"first ")
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain.run)
+            await drain.pause()
+        assert not drain.done.is_set()
+        assert drain.capture.total == 0
+        os.write(w, b"second")
+        os.close(w)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain.run)
+    assert drain.eof
+    assert drain.capture.getvalue() == b"first second"

@@ -228,3 +228,33 @@ def test_output_state_is_derived_from_the_streams(
         for name, state in zip(("stdout", "stderr"), states, strict=True)
     ]
     assert output_of(streams) == expected
+
+
+def test_output_state_follows_its_rule_for_every_pair_of_streams() -> None:
+    """output_of() on every pair of stream ends, with and without dropped
+    bytes on each: "not captured" only when no stream is captured, then
+    abandoned before closed before truncated (bytes dropped from a captured
+    stream) before complete, as its docstring states."""
+    import itertools
+
+    from trio_procown._receipt import output_of
+
+    ends: tuple[StreamState, ...] = ("eof", "abandoned", "closed", "not captured")
+    drops = (0, 3)
+    for a, b, da, db in itertools.product(ends, ends, drops, drops):
+        streams = [
+            StreamRecord("stdout", a, 10, 10 - da, da if a != "not captured" else 0),
+            StreamRecord("stderr", b, 10, 10 - db, db if b != "not captured" else 0),
+        ]
+        captured = [s for s in streams if s.state != "not captured"]
+        if not captured:
+            want = "not captured"
+        elif any(s.state == "abandoned" for s in captured):
+            want = "abandoned"
+        elif any(s.state == "closed" for s in captured):
+            want = "closed"
+        elif any(s.dropped for s in captured):
+            want = "truncated"
+        else:
+            want = "complete"
+        assert output_of(streams) == want, (a, b, da, db)

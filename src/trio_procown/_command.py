@@ -125,11 +125,12 @@ class OwnedCommand:
         self._leader = spawned.leader
         self._teardown = teardown
         self._deadline = deadline
-        # Shielded: an outer cancel reaches the supervisor only as a stop
-        # request from the block (see open_owned_command).
-        self._life_scope = trio.CancelScope(shield=True)
+        # The supervisor's scope while it waits (see _supervise), made by
+        # it: shielded, so that an outer cancel reaches the supervisor only
+        # as a stop request from the block (see open_owned_command).
+        self._life_scope: trio.CancelScope | None = None
         self._relocating = False  # a handoff is moving the tasks to an owner
-        self._supervisor_stopped = trio.Event()
+        self._supervisor_stopped: trio.Event | None = None  # made by a handoff, set by the supervisor
         self._stop_cause: Cause | None = None
         self._custom_stop = False  # begin_stop(): the caller signals first
         self._done = trio.Event()
@@ -244,10 +245,10 @@ class OwnedCommand:
             raise HandoffError(msg)
         owner.check_open()
         with trio.CancelScope(shield=True):  # bounded: the tasks stop at once
-            self._supervisor_stopped = trio.Event()
+            stopped = self._supervisor_stopped = trio.Event()
             self._relocating = True
-            self._life_scope.cancel()
-            await self._supervisor_stopped.wait()
+            self._wake()
+            await stopped.wait()
             self._relocating = False
             if self._done.is_set() or self._phase_now != "running":
                 msg = f"pid {self.pid} ended during the handoff; see its receipt"
@@ -415,7 +416,13 @@ class OwnedCommand:
         if self._teardown.requested is None and self._phase_now == "running":
             # The teardown's bound counts from now, however late its task runs.
             self._teardown.ask(trio.current_time())
-        _mass.wake_soon(self._life_scope.cancel)
+        _mass.wake_soon(self._wake)
+
+    def _wake(self) -> None:
+        """End the supervisor's wait (a supervisor not started yet sees the
+        stop request or the handoff itself when it starts)."""
+        if self._life_scope is not None:
+            self._life_scope.cancel()
 
     def stop_reading(self, name: Literal["stdout", "stderr"]) -> None:
         """Stop reading a captured stream now, because its consumer went
@@ -485,7 +492,8 @@ class OwnedCommand:
             await self._leader.wait()
             exited = True
         if self._relocating and not exited and self._stop_cause is None:
-            self._supervisor_stopped.set()  # a handoff moves us to the owner's nursery
+            if self._supervisor_stopped is not None:
+                self._supervisor_stopped.set()  # a handoff moves us to the owner's nursery
             return
         teardown = self._teardown
         code = self._leader.poll()
@@ -512,7 +520,8 @@ class OwnedCommand:
         self.receipt = await teardown.run()
         self._set_phase("done")
         self._done.set()
-        self._supervisor_stopped.set()
+        if self._supervisor_stopped is not None:
+            self._supervisor_stopped.set()
 
 
 _TOKEN = object()

@@ -203,7 +203,8 @@ class Domain(abc.ABC):
 
     # -- shared helpers -----------------------------------------------------
     def live_members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
-        return [m for m in self.members(snap) if not m.zombie]
+        members = self.members(snap)
+        return [m for m in members if not m.zombie] if members else []
 
 
 def own_group(leader: Leader) -> int:
@@ -237,6 +238,8 @@ class ProcessGroupDomain(Domain):
         leader_pid = self.leader.pid if self.leader else None
         if snap is None:
             snap = _procfs.snapshot(self.leader.mark if self.leader else None)
+        elif not snap:
+            return []  # (a quiet table, see _procfs.quiet_since)
         group = snap.in_group(self.pgid) if isinstance(snap, _procfs.Rows) else snap
         found = [m for m in group if m.pgrp == self.pgid and m.pid != leader_pid]
         self.seen.update((m.pid, m.start) for m in found)

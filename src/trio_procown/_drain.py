@@ -150,9 +150,11 @@ class Drain:
         self.abandoned = False
         self.closed_by_reader = False  # close_by_reader(): the consumer went away
         self.done = trio.Event()
-        # Shielded: only abandon() (or pause(), for a handoff) ends the
-        # reading task early, never an outer cancel.
-        self._scope = trio.CancelScope(shield=True)
+        # The reading task's scope, made by it (see run()): shielded, so that
+        # only abandon() (or pause(), for a handoff) ends the task early,
+        # never an outer cancel. Before the task runs, those two only set
+        # their flag, which the task sees when it starts.
+        self._scope: trio.CancelScope | None = None
         self._pausing = False
         self._stopped = trio.Event()
         self._holders: set[ChunkStream] = set()  # lossless consumers
@@ -189,7 +191,8 @@ class Drain:
             self._stopped.set()
             return
         self._scope = trio.CancelScope(shield=True)
-        self._stopped = trio.Event()
+        if self._stopped.is_set():  # (paused and started again: a pause() to come waits for this run)
+            self._stopped = trio.Event()
         self._reading = True
         # Start small: most commands print little, and enlarging a pipe
         # costs as much as a tenth of a spawn. A full first read means a
@@ -317,7 +320,8 @@ class Drain:
         if self.done.is_set():
             return
         self._pausing = True
-        self._scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
         await self._stopped.wait()
 
     def abandon(self) -> None:
@@ -325,7 +329,8 @@ class Drain:
         if self.done.is_set():
             return
         self.abandoned = True
-        self._scope.cancel()
+        if self._scope is not None:
+            self._scope.cancel()
 
     def close_by_reader(self) -> None:
         """The consumer went away: stop reading and close the read end, so

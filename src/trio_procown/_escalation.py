@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # annotations only
 EscapeePolicy = Literal["terminate", "report"]
 
 
+_TERM_THEN_CONT: tuple[int, ...] = (int(signal.SIGTERM), signal.SIGCONT)
+
+
 def graceful_signals(first: int) -> tuple[int, ...]:
     """The first stage's signals: `first`, then SIGCONT so a stopped member
     can act on it. Signal 0 sends nothing (GNU timeout's ``-s 0``); an
@@ -51,6 +54,8 @@ def graceful_signals(first: int) -> tuple[int, ...]:
         raise TypeError(msg)
     if first == 0:
         return ()
+    if first == signal.SIGTERM:
+        return _TERM_THEN_CONT  # the default: no enum lookup
     try:
         sig = int(signal.Signals(first))
     except ValueError:
@@ -62,7 +67,14 @@ def graceful_signals(first: int) -> tuple[int, ...]:
     return (sig,) if sig == signal.SIGCONT else (sig, signal.SIGCONT)
 
 
+# The machine's enums hash by identity (each member is a singleton, and
+# equality is identity already): Enum's own __hash__ is a Python function,
+# called for each dict lookup of a transition (16 calls per command).
+
+
 class State(enum.Enum):
+    __hash__ = object.__hash__
+
     RUNNING = "running"
     CHECKING = "checking"
     TERMINATING = "terminating"
@@ -73,6 +85,8 @@ class State(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__
+
     LEADER_EXITED = "leader exited"
     STOP = "stop"  # carries a cause: timed_out, cancelled, error or stopped
     EMPTY = "empty"  # nothing owned is alive
@@ -87,6 +101,8 @@ class Event(enum.Enum):
 
 class Do(enum.Enum):
     """What the driver must do next."""
+
+    __hash__ = object.__hash__
 
     WAIT_FOR_EXIT_OR_STOP = "wait for the leader to exit or a stop request"
     CHECK_DOMAIN = "check the domain for members that outlived the leader"
@@ -197,8 +213,8 @@ class Escalation:
         """Apply `event`; return the action the driver must perform next."""
         if event is Event.ESCAPEES and self.state is State.CHECKING:
             event = Event.NOT_EMPTY if self.signals_escapees else Event.EMPTY
-        key = (self.state, event)
-        if key not in _TRANSITIONS:
+        transition = _TRANSITIONS.get((self.state, event))
+        if transition is None:
             msg = f"event {event.value!r} is not allowed in state {self.state.value!r}"
             raise IllegalTransition(msg)
         if event is Event.STOP:
@@ -209,7 +225,7 @@ class Escalation:
             msg = f"only a stop carries a cause, not {event.value!r}"
             raise IllegalTransition(msg)
 
-        new_state, action = _TRANSITIONS[key]
+        new_state, action = transition
         if event is Event.STOP:
             self.cause = cause
         elif event is Event.LEADER_EXITED:

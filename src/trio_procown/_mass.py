@@ -187,8 +187,9 @@ def enter(*, asked: bool = False) -> None:
         _active += 1
         if asked:
             _asked = max(0, _asked - 1)
-        _expire()
-        _maybe_freeze()
+        if _frozen_at is not None or _active + _asked > INLINE_MAX:  # (else both are no-ops)
+            _expire()
+            _maybe_freeze()
 
 
 # Where gc.freeze() is a splice of lists (CPython with the GIL), a burst
@@ -244,7 +245,8 @@ def leave() -> None:
     global _active, _asked, _spent, _foreign
     with _lock:
         _active -= 1
-        _expire()
+        if _frozen_at is not None:
+            _expire()
         if _frozen_at is not None and _active > 0 and _REFREEZE:
             gc.freeze()
         if _active <= 0:

@@ -161,14 +161,18 @@ def output_of(streams: list[StreamRecord] | tuple[StreamRecord, ...]) -> OutputS
     """The receipt's output state, from its streams' records alone: complete
     only with EOF on every captured stream; a drain given up after its bound
     outranks a stream the caller closed; dropped bytes make it truncated."""
-    captured = [s for s in streams if s.state != "not captured"]
-    if not captured:
+    states = {s.state for s in streams}
+    states.discard("not captured")
+    if not states:
         return "not captured"
-    if any(s.state == "abandoned" for s in captured):
+    if "abandoned" in states:
         return "abandoned"
-    if any(s.state == "closed" for s in captured):
+    if "closed" in states:
         return "closed"
-    return "truncated" if any(s.dropped for s in captured) else "complete"
+    for s in streams:
+        if s.dropped and s.state != "not captured":
+            return "truncated"
+    return "complete"
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,9 @@ class Teardown:
         # signals.
         self._early: tuple[_signaller.Job[Sent], Callable[[Sent], Sent], float, tuple[int, ...]] | None = None
         self._deadline = math.inf  # the teardown's own (trio time), once run() has begun
+        # The run's clock, read directly: trio.current_time() is three
+        # Python calls, and every step reads it.
+        self._now = trio.lowlevel.current_clock().current_time
 
     @property
     def budget(self) -> float:
@@ -152,13 +155,13 @@ class Teardown:
         at: float | None = None,
     ) -> Step:
         """Record a step, at `at` (trio time) if given, else now."""
-        when = trio.current_time() if at is None else at
+        when = self._now() if at is None else at
         step = Step(when - self.spawned.started, action, target, detail, outcome, signals)
         self.steps.append(step)
         return step
 
     def _lived(self) -> float:
-        return trio.current_time() - self.spawned.started
+        return self._now() - self.spawned.started
 
     async def _table(self) -> ProcessTable:
         # The census will ask about our cookie in processes started since
@@ -651,15 +654,18 @@ class Teardown:
         if domain.placement_pending():
             self._verify_placement()  # the leader is a zombie now: its cgroup still shows
         members = domain.members(table.rows)
-        live = [m for m in members if not m.zombie]
-        zombies = [m for m in members if m.zombie]
-        listed = {m.pid for m in members}
-        for pid, start in sorted(domain.seen.items()):
-            if pid in listed:
-                continue
-            info = _procfs.read_stat(pid)
-            if info is not None and info.zombie and info.start == start:
-                zombies.append(info)
+        live: list[ProcInfo] = []
+        zombies: list[ProcInfo] = []
+        for m in members:
+            (zombies if m.zombie else live).append(m)
+        if domain.seen:
+            listed = {m.pid for m in members}
+            for pid, start in sorted(domain.seen.items()):
+                if pid in listed:
+                    continue
+                info = _procfs.read_stat(pid)
+                if info is not None and info.zombie and info.start == start:
+                    zombies.append(info)
         reaped_orphans = 0
         if self._subreaper:
             from ._subreaper import reap_orphans
@@ -701,10 +707,9 @@ class Teardown:
             self.step(Action.RELEASE, "domain", released, outcome)
         keeper, keeper_note = self.spawned.guard.close()  # released: the keeper may forget it
         streams, output = self._output_record()
-        still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live]
+        still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live] if live else []
         if leader_alive:
             still.insert(0, ProcessRecord(leader.pid, _procfs.cmdline(leader.pid), "alive (the leader)"))
-        escaped_pids = {e.pid for e in escaped}
         census = self._census
         extras: dict[str, Any] = {}
         if reaped_orphans:
@@ -724,8 +729,8 @@ class Teardown:
             pid=leader.pid,
             domain_id=domain.ident,
             leftovers=tuple(self._fates.record(p) for p in sorted(self._leftovers)),
-            unreaped=tuple(ProcessRecord(z.pid, "", "zombie") for z in zombies),
-            census=tuple(rec for rec in census.records() if rec.pid not in escaped_pids),
+            unreaped=tuple(ProcessRecord(z.pid, "", "zombie") for z in zombies) if zombies else (),
+            census=self._census_records(escaped),
             still_seen=tuple(still),
             streams=streams,
             escapee_policy=census.policy,
@@ -736,6 +741,14 @@ class Teardown:
             duration=self._lived(),
             extras=extras,
         )
+
+    def _census_records(self, escaped: list[ProcInfo]) -> tuple[ProcessRecord, ...]:
+        """The census's escapees and their fates, those still alive (named
+        in `escaped`) left out."""
+        if not self._census.found:
+            return ()
+        escaped_pids = {e.pid for e in escaped}
+        return tuple(rec for rec in self._census.records() if rec.pid not in escaped_pids)
 
     def _output_record(self) -> tuple[tuple[StreamRecord, ...], OutputState]:
         """Each stream's record, and the output state they add up to."""
