@@ -356,7 +356,7 @@ async def run(cfg: Config) -> Section:
                 "in a loop x trio capture",
                 "back to back x trio capture",
                 *(f"after {gap * 1e3:g} ms idle x trio capture" for gap in GAPS[1:]),
-                "target (after 50 ms idle)",
+                f"target (after {IDLE_GAP * 1e3:g} ms idle)",
             ],
             gap_rows,
             caption=f"{gap_samples} samples per variant and gap, each variant capturing both streams "

@@ -76,8 +76,6 @@ class Census:
 
     def scan(self, domain: Domain, table: ProcessTable) -> list[ProcInfo]:
         """Live processes carrying our token that are outside the domain."""
-        if not table.rows:
-            return []  # (a quiet table: see _procfs.quiet_since)
         leader = domain.leader
         since = leader.start if leader is not None else 0
         leader_pid = leader.pid if leader is not None else -1
