@@ -298,13 +298,13 @@ def test_counters_are_read_through_kept_descriptors_that_survive_being_closed_or
                 os.close(fd)
 
 
-def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """spawn_mark reuses the newest mark read if it is at most MARK_REUSE old (any earlier
-    mark is sound for a later spawn). Older, it reads the pid counter afresh and keeps the
-    newest mark's clone count while that count is at most FORKS_REUSE old (read earlier, it
-    only widens the bound); past that, or with no mark at all, it reads both."""
+def test_a_spawn_reads_nothing_while_the_clone_count_is_recent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """spawn_mark gives the newest mark read, without reading anything, while its clone
+    count is at most FORKS_REUSE old (read earlier, it only widens the bound); past that,
+    or with no mark at all, it reads a fresh one. mark_of then puts the mark just below the
+    leader, with the basis's clone and task counts."""
     newest = PidMark(last_pid=500, forks=400, tasks=90)
-    fresh = PidMark(last_pid=510, forks=410, tasks=90)
+    fresh = PidMark(last_pid=510, forks=410, tasks=91)
     reads: list[None] = []
 
     def pid_mark() -> PidMark:
@@ -315,43 +315,45 @@ def test_a_recent_mark_serves_the_next_spawn(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(_procfs, "pid_mark", pid_mark)
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(_procfs, "_NEWEST", [newest])
-    monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0] - _procfs.MARK_REUSE / 2])
-    monkeypatch.setattr(_procfs, "_FORKS_AT", [clock[0] - _procfs.MARK_REUSE / 2])
+    monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0]])
+    monkeypatch.setattr(_procfs, "_FORKS_AT", [clock[0]])
     counters = _loadavg(monkeypatch, last_pid=505, tasks=95)
+    assert _procfs.spawn_mark() is newest
+    clock[0] += _procfs.FORKS_REUSE  # (at most FORKS_REUSE old: still kept)
     assert _procfs.spawn_mark() is newest
     assert reads == []
     assert counters == []
+    assert _procfs.mark_of(newest, 733) == PidMark(last_pid=732, forks=400, tasks=90)
 
-    clock[0] += _procfs.MARK_REUSE
-    assert _procfs.spawn_mark() == PidMark(last_pid=505, forks=400, tasks=95)
-    assert counters == ["/proc/loadavg"]  # the pid counter only
-    assert reads == []
-    assert [PidMark(last_pid=505, forks=400, tasks=95)] == _procfs._NEWEST
-
-    clock[0] += _procfs.FORKS_REUSE
+    clock[0] += 0.001
     assert _procfs.spawn_mark() is fresh
     assert reads == [None]
     monkeypatch.setattr(_procfs, "_NEWEST", [])
     assert _procfs.spawn_mark() is fresh
     assert reads == [None, None]
+    assert _procfs.mark_of(None, 733) is None
 
 
 def test_a_spawn_mark_is_read_whole_after_forks_reuse() -> None:
-    """With the real counters: a mark read whole stamps its clone count; later spawn marks
-    read the pid counter afresh and keep that count until it is FORKS_REUSE old, then read
-    both."""
+    """With the real counters: a mark read whole stamps its clone count; later spawns reuse
+    it, and the mark of one sits just below its leader's pid, holding it and every later
+    pid in its range; once the count is FORKS_REUSE old, both are read again."""
     if not _procfs.IS_LINUX:
         pytest.skip("marks are read from /proc")
     whole = _procfs.pid_mark()
     assert whole is not None
-    _procfs._NEWEST_AT[0] -= 2 * _procfs.MARK_REUSE
-    child = subprocess.run(["true"], check=True)  # a pid allocated since
-    assert child.returncode == 0
     later = _procfs.spawn_mark()
-    assert later is not None
-    assert later.forks == whole.forks
-    assert later.last_pid != whole.last_pid
-    _procfs._NEWEST_AT[0] -= 2 * _procfs.MARK_REUSE
+    assert later is whole
+    child = subprocess.Popen(["true"])  # a pid allocated since
+    try:
+        mark = _procfs.mark_of(later, child.pid)
+        assert mark is not None
+        assert mark.forks == whole.forks
+        ranges = _procfs.ranges_since(mark)
+        assert ranges is not None
+        assert any(lo <= child.pid <= hi for lo, hi in ranges)
+    finally:
+        assert child.wait(timeout=10) == 0
     _procfs._FORKS_AT[0] -= 2 * _procfs.FORKS_REUSE
     again = _procfs.spawn_mark()
     assert again is not None

@@ -10,12 +10,13 @@
 # for 60 processes on the project's machines), too slow for the common path.
 # So a scan may be narrowed to the pids allocated *since the command was
 # spawned*. Linux hands out pids cyclically upward, so every descendant of the
-# command has a pid allocated after a mark taken just before the spawn: in
-# (mark.last_pid, now.last_pid], or, if the counter wrapped once, in
-# (mark.last_pid, pid_max) plus [1, now.last_pid]. last_pid is the newest pid
-# allocated in our namespace (/proc/loadavg). Lapping the mark would need
-# more allocations than there are free pids; the kernel's clone counter
-# (/proc/stat "processes") bounds the allocations since the mark, so the
+# command has a pid allocated after its leader's, and the mark sits just
+# below the leader (mark_of): they are in (mark.last_pid, now.last_pid],
+# or, if the counter wrapped once, in (mark.last_pid, pid_max) plus
+# [1, now.last_pid]. last_pid is the newest pid allocated in our namespace
+# (/proc/loadavg). Lapping the mark would need more allocations than there
+# are free pids; the kernel's clone counter (/proc/stat "processes"), read
+# before the spawn, bounds the allocations since the mark, so the
 # narrow ranges are used only while 4 x clones + 3 x (tasks + clones) <
 # pid_max - 300 (see ranges_since): then they provably hold every
 # descendant. Otherwise, or without a mark, the scan
@@ -169,9 +170,6 @@ def _forks(raw: bytes) -> int:
 _NEWEST: list[PidMark] = []
 _NEWEST_AT = [-math.inf]
 
-# A mark read this recently serves as the mark of a new spawn (spawn_mark).
-MARK_REUSE = 0.002
-
 # A clone count read from /proc/stat this recently serves a new mark with a
 # fresh pid counter (spawn_mark), and when it was read (time.perf_counter()).
 FORKS_REUSE = 1.0
@@ -232,36 +230,36 @@ def quiet_since(mark: PidMark | None, pid: int) -> bool:
 
 
 def spawn_mark() -> PidMark | None:
-    """The mark for a spawn about to happen: the newest mark read in this
-    process if it is at most MARK_REUSE old, else a fresh one.
+    """The basis of the mark of a spawn about to happen (see mark_of): the
+    newest mark read in this process while its clone count is at most
+    FORKS_REUSE old, without reading anything; else a fresh mark.
 
-    Any mark read before a spawn is sound for it: every descendant's pid is
-    allocated after it, and the clones since it are counted from it. An
-    older mark only makes the ranges wider by what the machine started
-    meanwhile. Back to back, the previous command's teardown has just read
-    one (~25 us saved per spawn); after that, MARK_REUSE keeps the extra
-    pids to probe few.
-
-    Older than that, the pid counter is read afresh; the clone count, whose
-    file costs the most to read (/proc/stat: 68 us in place for a spawn
-    after 50 ms idle, measured, against ~10 us for /proc/loadavg), is
-    taken from the newest mark while that count is at most FORKS_REUSE
-    old. Read before the pid counter, it counts every clone since the new
-    mark and some before: it only widens the bound on what was allocated
-    since (ranges_since), as quiet_since's marks do.
+    The pid counter need not be read before the spawn: the leader's own pid,
+    known once it is cloned, marks where the command's pids begin (every
+    descendant's pid is allocated after it), so mark_of puts the mark just
+    below it. Only the clone count, which bounds the allocations since the
+    mark, must come from before the spawn: a count read earlier counts some
+    clones more and only widens that bound, as does the number of tasks read
+    with it (every task now existed then or was cloned since). The clone
+    count's file costs the most to read (/proc/stat: 68 us in place for a
+    spawn after 50 ms idle, measured, against ~10 us for /proc/loadavg), so
+    a count at most FORKS_REUSE old is kept; older, both are read afresh.
+    Reading /proc/loadavg before the spawn cost a spawn-and-wait of
+    /bin/true 20-30 us in a mix of other work, where its caches were cold.
     """
-    now = time.perf_counter()
-    newest = _NEWEST[0] if _NEWEST else None  # (taken before the pid counter is read)
-    if newest is None:
+    newest = _NEWEST[0] if _NEWEST else None
+    if newest is None or time.perf_counter() - _FORKS_AT[0] > FORKS_REUSE:
         return pid_mark()
-    if now - _NEWEST_AT[0] <= MARK_REUSE:
-        return newest
-    if now - _FORKS_AT[0] > FORKS_REUSE:
-        return pid_mark()
-    mark = _fresh_pid(newest.forks)
-    if mark is not None:
-        _remember(mark)
-    return mark
+    return newest
+
+
+def mark_of(basis: PidMark | None, leader: int) -> PidMark | None:
+    """The mark of a spawn whose leader got pid `leader`, from the `basis`
+    spawn_mark gave before it: the pid counter just below the leader, the
+    basis's clone and task counts (see spawn_mark)."""
+    if basis is None:
+        return None
+    return PidMark(last_pid=leader - 1, forks=basis.forks, tasks=basis.tasks)
 
 
 def surely_wide(mark: PidMark | None) -> bool:

@@ -5,8 +5,9 @@
 # budgets (negative, NaN, infinite), a bad max_output, a missing executable,
 # a bad cwd, an unavailable domain. Then, in this order: the fds (a pipe per
 # captured stream, /dev/null or a file otherwise), the domain's preparation
-# (a fresh cgroup and its placement shim), the pid mark (every descendant's
-# pid is allocated after it, see _procfs), the spawn in a new session, and
+# (a fresh cgroup and its placement shim), the clone count for the pid
+# mark (see _procfs.spawn_mark), the spawn in a new session, the pid mark
+# (just below the leader: every descendant's pid is allocated after it), and
 # the domain taking hold of the leader. A failure at any step undoes the
 # steps before it, so a spawn that raises leaves nothing running.
 
@@ -419,7 +420,7 @@ def spawn_steps(
         # before the spawn, of what is known then (the cgroup, the census
         # token): a command may kill this process before the spawn returns.
         # Once the leader is known, the line is told again with it.
-        mark = _procfs.spawn_mark()  # before the spawn: every descendant's pid comes after it
+        mark = _procfs.spawn_mark()  # its clone count before the spawn (mark_of)
         told = _keeper.Entry(keeper_grace, token=census.token, cgroup=getattr(own_domain, "path", ""))
         guard = _keeper.opened(told, keeper)
         try:
@@ -436,7 +437,7 @@ def spawn_steps(
                 cgroup_fd=own_domain.spawn_cgroup_fd(),
                 pass_fds=passed,
             )
-            leader.mark = mark
+            leader.mark = _procfs.mark_of(mark, leader.pid)  # every descendant's pid comes after it
         except BaseException:
             own_domain.abort_spawn()
             guard.close()
