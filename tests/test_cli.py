@@ -12,6 +12,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -189,6 +190,22 @@ def test_command_that_cannot_be_run_gives_126(tmp_path: Path) -> None:
     assert done.returncode == 126
     assert error_line(done.stderr).startswith("procown: cannot run ")
     assert done.stdout == b""
+
+
+def test_a_program_whose_exec_fails_gives_126(tmp_path: Path) -> None:
+    """A program found whose exec fails for a reason other than ENOENT (here "Text file
+    busy": it is open for writing) cannot be run: 126, with the reason, not procown's own
+    failure (125)."""
+    program = tmp_path / "busy"
+    shutil.copy("/bin/true", program)
+    program.chmod(0o755)
+    writer = os.open(program, os.O_WRONLY)
+    try:
+        done = procown("run", "--", str(program))
+    finally:
+        os.close(writer)
+    assert done.returncode == 126, done.stderr
+    assert error_line(done.stderr) == f"procown: cannot run {str(program)!r}: Text file busy"
 
 
 def test_file_in_no_executable_format_runs_as_a_shell_script(tmp_path: Path) -> None:

@@ -160,6 +160,24 @@ def test_status_matches_gnu(args: list[str], expected: int, tmp_path: Path) -> N
 
 
 @needs_gnu
+def test_a_program_whose_exec_fails_gives_126_as_gnu(tmp_path: Path) -> None:
+    """A program found whose exec fails for a reason other than ENOENT (here "Text file
+    busy": it is open for writing) cannot be invoked: 126, as GNU timeout gives, with GNU's
+    message, and not procown's own failure (125)."""
+    program = tmp_path / "busy"
+    shutil.copy("/bin/true", program)
+    program.chmod(0o755)
+    writer = os.open(program, os.O_WRONLY)
+    try:
+        theirs, ours = both(["10", str(program)], cwd=tmp_path)
+    finally:
+        os.close(writer)
+    assert theirs.returncode == 126, theirs.stderr
+    assert ours.returncode == 126, ours.stderr
+    assert ours.stderr.replace(b"procown:", b"timeout:") == theirs.stderr
+
+
+@needs_gnu
 def test_script_without_interpreter_line_runs_in_sh_as_gnu(tmp_path: Path) -> None:
     """An executable file with no `#!` (no format the kernel knows) is run by
     /bin/sh, as execvp does for GNU timeout: same output, same status."""

@@ -1,7 +1,7 @@
-# `python -m trio_procown`: the `procown` command line (see _cli.py).
+# `python -m trio_procown`: the `procown` command line (see _cli.py, and
+# _entry.py for the signals that come before it can relay them).
 
-from ._cli import main
-from ._exit import run_and_exit
+from ._entry import procown
 
 if __name__ == "__main__":
-    run_and_exit(main)
+    procown()

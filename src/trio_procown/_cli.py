@@ -74,7 +74,7 @@ from ._command import OwnedCommand, open_owned_command
 from ._drain import DEFAULT_MAX_OUTPUT, ChunkStream
 from ._errors import CliError, DomainUnavailable
 from ._receipt import Receipt
-from ._spawn import inherited_fds
+from ._spawn import command_failure, inherited_fds
 
 EXIT_TIMEOUT = 124  # the --timeout expired
 EXIT_PROCOWN = 125  # procown itself failed
@@ -319,11 +319,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     `procown timeout ...` may instead end the process by a signal, as GNU
     timeout does (see _timeout.main)."""
+    from ._entry import release
+
+    early = release()  # signals that came before procown could relay them
     args_given = sys.argv[1:] if argv is None else list(argv)
     if args_given[:1] == ["timeout"]:
         from ._timeout import main as timeout_main
 
-        return timeout_main(args_given[1:], prog="procown timeout")
+        return timeout_main(args_given[1:], prog="procown timeout", early=early)
+    for signum in early:  # nothing was started: as if the signal came now
+        if signum in STOP_SIGNALS:
+            return SIGNAL_BASE + signum
+        signal.raise_signal(signum)  # (its own disposition again: default, ignored)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -553,16 +560,6 @@ async def _run_and_forward(
                                 chunks = run.stream(name, lossless=True)
                                 pumps.start_soon(_pump, run, name, chunks, sinks[name])
                             await run.wait()
-                    except FileNotFoundError as exc:
-                        if run is not None:
-                            raise
-                        _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                        return EXIT_NOT_FOUND, None
-                    except PermissionError as exc:
-                        if run is not None:
-                            raise
-                        _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                        return EXIT_CANNOT_RUN, None
                     except DomainUnavailable as exc:
                         _say(f"procown: error: {exc}")
                         return EXIT_PROCOWN, None
@@ -572,9 +569,10 @@ async def _run_and_forward(
                         if exc.errno == errno.ENOEXEC and command == list(options.command):  # once
                             command = shell_script_argv(options.command)
                             continue
-                        if exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
+                        code = command_failure(exc, command)
+                        if code is not None:
                             _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                            return EXIT_CANNOT_RUN, None
+                            return (EXIT_NOT_FOUND if code == errno.ENOENT else EXIT_CANNOT_RUN), None
                         _say(f"procown: error: cannot start {options.command[0]!r}: {_reason(exc)}")
                         return EXIT_PROCOWN, None
                     break

@@ -131,6 +131,29 @@ def exec_path(env: Mapping[str, str] | None) -> str:
     return os.defpath if path is None else os.fsdecode(path)
 
 
+def command_failure(exc: OSError, argv: Sequence[str]) -> int | None:
+    """The errno when `exc`, raised by the spawn of `argv` (a program and its
+    arguments, run with our PATH and cwd), says the command itself cannot be
+    run, as a shell or GNU timeout tells it apart (127 for ENOENT, 126 for
+    anything else): not found, not executable, or its exec failed (a "Text
+    file busy" program, an argument list too long, ...), which the spawn
+    reports against the program it ran. None for a failure to set the
+    command up (a pipe, the domain, ...)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError)) or exc.errno in (
+        errno.ENOEXEC,
+        errno.EISDIR,
+        errno.ENOTDIR,
+    ):
+        return exc.errno or errno.EACCES
+    if not exc.errno or exc.filename is None:
+        return None
+    try:
+        program = resolve_argv(list(argv), None, exec_path(None))[0]
+    except (OSError, ValueError):
+        return None
+    return exc.errno if os.fsdecode(exc.filename) == program else None
+
+
 def resolve_argv(command: str | list[str], cwd: str | os.PathLike[str] | None, path: str | None) -> list[str]:
     """The argv to execute; a missing or non-executable program raises the
     OSError subclass the OS would give (as subprocess does), before anything

@@ -67,7 +67,7 @@ from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
 from ._domain import BY_THE_CALLER
 from ._errors import DomainUnavailable
 from ._receipt import Action, Receipt
-from ._spawn import exec_path, inherited_fds, resolve_argv
+from ._spawn import command_failure, exec_path, inherited_fds, resolve_argv
 
 NAME = "procown"  # in place of GNU's "timeout" at the start of each diagnostic
 EXIT_KILLED = SIGNAL_BASE + signal.SIGKILL  # 137
@@ -478,12 +478,19 @@ class _Control:
         await trio.sleep_until(run.started_at + self.options.duration)
         self._stop(run, "timed_out", self.options.signal)
 
-    async def relay(self, run: OwnedCommand, signals: AsyncIterator[int]) -> None:
+    async def relay(self, run: OwnedCommand, signals: AsyncIterator[int], early: Sequence[int] = ()) -> None:
+        """Act on each signal procown receives; first on those `early`, which
+        came before the relay was ready (see _entry.py), as if they came now."""
+        for signum in early:
+            self._received(run, signum)
         async for signum in signals:
-            if signum == signal.SIGALRM:
-                self._stop(run, "timed_out", self.options.signal)
-            else:
-                self._stop(run, "cancelled", signum)
+            self._received(run, signum)
+
+    def _received(self, run: OwnedCommand, signum: int) -> None:
+        if signum == signal.SIGALRM:
+            self._stop(run, "timed_out", self.options.signal)
+        else:
+            self._stop(run, "cancelled", signum)
 
 
 def _caught(options: TimeoutOptions) -> tuple[int, ...]:
@@ -517,7 +524,9 @@ class _Streams:
         )
 
 
-async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Receipt | None]:
+async def _run(
+    options: TimeoutOptions, streams: _Streams, early: Sequence[int] = ()
+) -> tuple[Ending, Receipt | None]:
     control = _Control(options)
     command = options.command
     code = exec_error(command[0])
@@ -542,7 +551,7 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
                     trio.open_nursery() as nursery,
                 ):
                     nursery.start_soon(control.timer, run)
-                    nursery.start_soon(control.relay, run, signals)
+                    nursery.start_soon(control.relay, run, signals, early)
                     await run.wait()
                     nursery.cancel_scope.cancel()
             except DomainUnavailable as exc:
@@ -554,7 +563,7 @@ async def _run(options: TimeoutOptions, streams: _Streams) -> tuple[Ending, Rece
                 if exc.errno == errno.ENOEXEC and argv == list(command):  # once
                     argv = shell_script_argv(command)  # as execvp
                     continue
-                return _spawn_failure(command[0], exc), None
+                return _spawn_failure(command[0], exc, argv), None
             except ValueError as exc:
                 if run is not None:
                     raise
@@ -591,13 +600,14 @@ def _failed_to_run(name: str, code: int) -> Ending:
     return Ending(EXIT_NOT_FOUND if code == errno.ENOENT else EXIT_CANNOT_RUN)
 
 
-def _spawn_failure(name: str, exc: OSError) -> Ending:
-    """What the library refused at the spawn: 127, 126, or 125 when procown
-    could not set the command up."""
-    if isinstance(exc, FileNotFoundError):
-        return _failed_to_run(name, errno.ENOENT)
-    if isinstance(exc, PermissionError) or exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR):
-        return _failed_to_run(name, exc.errno or errno.EACCES)
+def _spawn_failure(name: str, exc: OSError, argv: list[str]) -> Ending:
+    """What the library refused at the spawn of `argv`: GNU's 127 or 126
+    when the command itself cannot be run (its exec failing for any reason
+    but ENOENT is 126, a "Text file busy" program say: command_failure), or
+    125 when procown could not set the command up."""
+    code = command_failure(exc, argv)
+    if code is not None:
+        return _failed_to_run(name, code)
     _say(f"{NAME}: error: cannot start {quote(name)}: {exc.strerror or exc}")
     return Ending(EXIT_PROCOWN)
 
@@ -678,13 +688,15 @@ def _usage(prog: str, message: str) -> int:
     return EXIT_PROCOWN
 
 
-def run_timeout(options: TimeoutOptions) -> Ending:
+def run_timeout(options: TimeoutOptions, early: Sequence[int] = ()) -> Ending:
     """Run the command owned, with GNU timeout's semantics; write the
-    receipt; return how procown should end (not ending it)."""
+    receipt; return how procown should end (not ending it). `early`: the
+    signals procown received before it could relay them (_entry.py), relayed
+    once the command runs."""
     from ._cli import with_receipt
 
     streams = _Streams.inherited()  # first: before anything takes a closed fd's number
-    return with_receipt(options.receipt, options.json, lambda: trio.run(_run, options, streams))
+    return with_receipt(options.receipt, options.json, lambda: trio.run(_run, options, streams, early))
 
 
 def entry() -> None:
@@ -694,12 +706,17 @@ def entry() -> None:
     run_and_exit(main)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "procown-timeout") -> int:
+def main(
+    argv: Sequence[str] | None = None, prog: str = "procown-timeout", early: Sequence[int] | None = None
+) -> int:
     """Entry point of `procown-timeout` and `procown timeout`. Returns the
     exit status, or ends the process by a signal as GNU timeout does (the
-    command died of it, or the KILL stage was needed)."""
+    command died of it, or the KILL stage was needed). `early`: the signals
+    received before main() (_entry.py), taken from there when not given."""
+    from ._entry import release
     from ._errors import CliError
 
+    early = release() if early is None else early
     args = sys.argv[1:] if argv is None else argv
     try:
         try:
@@ -708,7 +725,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "procown-timeout") -> in
             return _usage(prog, str(exc))
         if isinstance(parsed, int):
             return parsed
-        result = run_timeout(parsed)
+        result = run_timeout(parsed, early)
     except KeyboardInterrupt:
         # SIGINT before procown could relay it: nothing was started.
         result = Ending(SIGNAL_BASE + signal.SIGINT, signal.SIGINT)

@@ -1,0 +1,70 @@
+# The console scripts' entry points, and the signals that come before
+# procown can relay them.
+#
+# `procown run` and `procown timeout` relay SIGINT, SIGTERM, SIGHUP (and
+# timeout's SIGQUIT and SIGALRM) once trio's signal receiver is installed.
+# Before that come the interpreter's start-up and the imports, 0.15-0.3 s
+# (longer on a loaded machine), when the interpreter's own dispositions
+# applied: SIGINT raised KeyboardInterrupt inside some import, and procown
+# died of it with a Python traceback on stderr; SIGALRM killed procown
+# (status 142, where GNU timeout, whose child is already running by then,
+# reports a timeout: 124). So an entry point catches those signals first,
+# before importing anything else, with a handler that only notes them
+# (hold). main() gives them back their dispositions (release) before it runs
+# anything, and takes the noted ones: `procown timeout` relays them to the
+# command once it runs, as GNU timeout would have (its child starts within
+# a millisecond); `procown run` and the other subcommands end at once,
+# nothing having been started: 128+N for a signal procown handles (INT,
+# TERM, HUP), else by the signal's own disposition, as before. The short
+# window from release to trio's receiver is the interpreter's again.
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+# The signals held until main() runs.
+EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM)
+
+_held: dict[int, Any] = {}  # signal -> its disposition before hold()
+_noted: list[int] = []  # signals that arrived while held, in order
+
+
+def _note(signum: int, _frame: object) -> None:
+    _noted.append(signum)
+
+
+def hold() -> None:
+    """Note EARLY signals instead of acting on them, until release()."""
+    for signum in EARLY:
+        try:
+            _held[signum] = signal.signal(signum, _note)
+        except (OSError, ValueError):  # not the main thread: nothing is held
+            break
+
+
+def release() -> list[int]:
+    """Give the held signals back their dispositions; return those noted
+    meanwhile, each once, in the order they first came."""
+    for signum, previous in _held.items():
+        signal.signal(signum, previous)
+    _held.clear()
+    noted = list(dict.fromkeys(_noted))
+    _noted.clear()
+    return noted
+
+
+def procown() -> None:
+    """The `procown` console script."""
+    hold()
+    from ._cli import entry
+
+    entry()
+
+
+def procown_timeout() -> None:
+    """The `procown-timeout` console script."""
+    hold()
+    from ._timeout import entry
+
+    entry()
