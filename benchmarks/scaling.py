@@ -196,6 +196,7 @@ class _MassPoint:
         self.over: list[int] = []  # blocks that ended past MASS_BOUND
         self.stalls: list[float] = []  # longest gap between two loop wakeups
         self.stall_cpu: list[float] = []  # the loop thread's CPU time in that gap
+        self.stall_wait: list[float] = []  # the loop thread's wait for a CPU in that gap
         self.busiest: list[float] = []  # the most CPU time the loop thread spent in any gap
         self.survivors: list[int] = []
         self.spawn: list[float] = []  # start -> every command ready
@@ -213,6 +214,7 @@ class _MassPoint:
             "blocks_over_limit": self.over,
             "max_loop_stall_seconds": self.stalls,
             "loop_cpu_in_max_stall_seconds": self.stall_cpu,
+            "loop_cpu_wait_in_max_stall_seconds": self.stall_wait,
             "max_loop_cpu_in_a_gap_seconds": self.busiest,
             "survivors": self.survivors,
             "ready_seconds": self.spawn,
@@ -226,6 +228,25 @@ class _MassPoint:
         }
 
 
+def _schedstat() -> int | None:
+    """A descriptor of this thread's scheduler statistics (None: not offered)."""
+    try:
+        return os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _run_delay(fd: int | None) -> float:
+    """How long the thread of `fd` (see _schedstat) has waited for a CPU
+    while runnable, in seconds (the second field); NaN where it cannot be read."""
+    if fd is None:
+        return float("nan")
+    try:
+        return int(os.pread(fd, 256, 0).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 class _StallWatch:
     """The longest time the event loop went without scheduling a task that
     loops on trio.sleep(0): any synchronous stretch of the loop shows there.
@@ -233,24 +254,35 @@ class _StallWatch:
     time, user and system): in that gap (`longest_cpu`), and the most in any
     gap (`busiest`, the longest stretch of the loop's own work: trio's and
     the tasks' steps). A gap far longer than its CPU is the loop's thread
-    waiting for a CPU, not working."""
+    not working: `longest_wait` is how much of the gap it was runnable and
+    waiting for a CPU (the kernel's run-queue delay); what is left of the
+    gap it slept (waiting for the interpreter lock, say)."""
 
     def __init__(self) -> None:
         self.longest = 0.0
         self.longest_cpu = 0.0
+        self.longest_wait = float("nan")
         self.busiest = 0.0
 
     async def run(self) -> None:
-        last = time.perf_counter()
-        last_cpu = time.thread_time()
-        while True:
-            await trio.sleep(0)
-            now = time.perf_counter()
-            cpu = time.thread_time()
-            if now - last > self.longest:
-                self.longest, self.longest_cpu = now - last, cpu - last_cpu
-            self.busiest = max(self.busiest, cpu - last_cpu)
-            last, last_cpu = now, cpu
+        stats = _schedstat()  # (opened by the loop's thread: its own statistics)
+        try:
+            last = time.perf_counter()
+            last_cpu = time.thread_time()
+            last_wait = _run_delay(stats)
+            while True:
+                await trio.sleep(0)
+                now = time.perf_counter()
+                cpu = time.thread_time()
+                wait = _run_delay(stats)
+                if now - last > self.longest:
+                    self.longest, self.longest_cpu = now - last, cpu - last_cpu
+                    self.longest_wait = wait - last_wait
+                self.busiest = max(self.busiest, cpu - last_cpu)
+                last, last_cpu, last_wait = now, cpu, wait
+        finally:
+            if stats is not None:
+                os.close(stats)
 
 
 async def _pid1_reaped(limit: float = 10.0) -> None:
@@ -329,6 +361,7 @@ async def _mass_once(cfg: Config, k: int, domain: DomainName, point: _MassPoint)
     point.over.append(sum(e - t0 > MASS_BOUND for e in ends))
     point.stalls.append(watch.longest)
     point.stall_cpu.append(watch.longest_cpu)
+    point.stall_wait.append(watch.longest_wait)
     point.busiest.append(watch.busiest)
     point.survivors.append(count_marked(cfg.marker))
     for run in runs:
@@ -375,6 +408,13 @@ async def _bare_cancel_stall(k: int) -> float:
             outer.start_soon(let_go, release)
         outer.cancel_scope.cancel()
     return watch.longest
+
+
+def _wait_of_longest(point: _MassPoint) -> float:
+    """The loop thread's wait for a CPU in the point's longest stall (its worst run's)."""
+    if not point.stalls:
+        return float("nan")
+    return point.stall_wait[point.stalls.index(max(point.stalls))]
 
 
 def _cpu_of_longest(point: _MassPoint) -> float:
@@ -625,6 +665,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                 "survivors",
                 "longest loop stall ms",
                 "loop's CPU in it ms",
+                "its wait for a CPU in it ms",
                 "most loop CPU in a gap ms",
                 "trio's floor: stall of a bare cancel ms",
                 "kill storm floor: stall of plain trio ms",
@@ -644,6 +685,7 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
                     ms(_cpu_of_longest(p)),
+                    ms(_wait_of_longest(p)),
                     ms(max(p.busiest, default=float("nan"))),
                     ms(floors[k]),
                     ms(_worst([f.stall for f in storms[k]])),
@@ -659,8 +701,9 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
             f"the teardown's allowance, {TEARDOWN_ALLOWANCE:g} s); with the documented scheduling noise "
             f"(one more allowance), {MASS_LIMIT:g} s. Longest loop stall: the longest "
             "gap between two wakeups of a task looping on trio.sleep(0) during the teardown; loop's CPU in it: the CPU time "
-            "(user and system) the loop's thread had in that gap, the rest of which it waited for a CPU "
-            "(on a 2-vCPU machine, behind the dying processes); most loop CPU in a gap: the longest "
+            "(user and system) the loop's thread had in that gap; its wait for a CPU: how long in that gap "
+            "it was runnable but not running (the kernel's run-queue delay, from /proc/thread-self/schedstat: "
+            "on a 2-vCPU machine, behind the dying processes); most loop CPU in a gap: the longest "
             "stretch of the loop's own work (trio's and every task's steps between two wakeups); trio's floor: "
             "the same measure when K bare trio tasks, each waiting, are cancelled together by one scope and "
             "each waits once more in a shielded scope (what trio's scheduler costs before any teardown "
