@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -224,6 +225,105 @@ async def test_run() -> None:
         await run_process(CAT, capture_stdout=True, stdout=subprocess.DEVNULL)
     with pytest.raises(ValueError, match=r"^can't specify both stderr and capture_stderr$"):
         await run_process(CAT, capture_stderr=True, stderr=None)
+
+
+@pytest.mark.parametrize(
+    "streams",
+    [
+        {"stdout": "OUT"},
+        {"stdout": "capture"},
+        {"stdout": "devnull"},
+        {"stderr": "stdout"},
+        {"stderr": "OUT"},
+        {"stdin": "PATH"},
+        {"stdin": 1.5},
+        {"stdout": b"OUT"},
+    ],
+    ids=[
+        "stdout-path",
+        "stdout-capture",
+        "stdout-devnull",
+        "stderr-stdout",
+        "stderr-path",
+        "stdin-path",
+        "float",
+        "bytes",
+    ],
+)
+async def test_stdio_that_popen_refuses_is_refused_as_trio(streams: dict[str, Any], tmp_path: Path) -> None:
+    """A path, a name or any other value without a fileno method for a stream is refused with
+    Popen's AttributeError, as trio refuses it, before anything starts: open_owned_command's own
+    targets ("devnull", a path) would otherwise drop the output or create and truncate a file."""
+    out = tmp_path / "out"
+    given: dict[str, Any] = {}
+    for name, v in streams.items():
+        given[name] = {"OUT": str(out), b"OUT": str(out).encode(), "PATH": Path("/etc/hostname")}.get(v, v)
+    value = next(iter(given.values()))
+    with pytest.raises(AttributeError, match=rf"^'{type(value).__name__}' object has no attribute 'fileno'$"):
+        await run_process(["sh", "-c", "echo out; echo err >&2", MARKER], **given)
+    assert not out.exists()
+
+
+async def test_validation_runs_in_trios_order_with_trios_words() -> None:
+    """When a call has several faults, the one trio reports is reported: the capture conflict
+    before the text options, those before the command's form; an unknown keyword in Popen's
+    words; an empty command as Popen's IndexError."""
+    with pytest.raises(ValueError, match=r"^can't specify both stdout and capture_stdout$"):
+        await run_process("true", capture_stdout=True, stdout=subprocess.DEVNULL, text=True)
+    with pytest.raises(TypeError, match=r"the 'text' option is not supported$"):
+        await run_process("true", text=True)
+    with pytest.raises(TypeError, match=r"^Popen\.__init__\(\) got an unexpected keyword argument 'foo'$"):
+        await run_process(["true"], foo=1)
+    with pytest.raises(IndexError, match=r"^list index out of range$"):
+        await run_process([])
+    with pytest.raises(IndexError, match=r"^tuple index out of range$"):
+        await run_process(())
+
+
+@pytest.mark.parametrize(
+    ("command", "options", "expected"),
+    [
+        (["/nonexistent/procown-x"], {}, "[Errno 2] No such file or directory: '/nonexistent/procown-x'"),
+        (
+            ["true"],
+            {"cwd": "/nonexistent/procown-d"},
+            "[Errno 2] No such file or directory: '/nonexistent/procown-d'",
+        ),
+        (["/etc/passwd"], {}, "[Errno 13] Permission denied: '/etc/passwd'"),
+    ],
+    ids=["missing", "bad-cwd", "not-executable"],
+)
+async def test_a_refused_spawn_says_what_popen_says(
+    command: list[str], options: dict[str, Any], expected: str
+) -> None:
+    """A spawn the OS refuses raises the OSError subclass Popen raises, in Popen's words (the
+    library's own reason is kept as a note), nothing started."""
+    with pytest.raises(OSError, match=f"^{re.escape(expected)}") as caught:
+        await run_process(command, **options)
+    assert str(caught.value) == expected  # (pytest's match reads the notes too)
+    assert type(caught.value) is type(OSError(caught.value.errno, "x"))
+    assert any(note.startswith("trio_procown: ") for note in getattr(caught.value, "__notes__", []))
+
+
+async def test_a_piped_streams_receive_is_trios() -> None:
+    """A subprocess.PIPE stream gives an unsized receive_some() at most trio's 65536 bytes,
+    refuses a max_bytes that is no int with trio's TypeError, and says what trio says once
+    closed."""
+    writer = python("sys.stdout.buffer.write(b'x' * 200000); sys.stdout.flush(); sys.stdin.read()")
+    async with run_process_in_nursery(writer, stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        got = b""
+        while len(got) < 200000:
+            chunk = await proc.stdout.receive_some()
+            assert 0 < len(chunk) <= 65536
+            got += chunk
+        with pytest.raises(TypeError, match=r"^max_bytes must be integer >= 1$"):
+            await proc.stdout.receive_some(1.5)  # type: ignore[arg-type]
+        await proc.stdin.aclose()
+        await proc.stdout.aclose()
+        with pytest.raises(trio.ClosedResourceError, match=r"^file was already closed$"):
+            await proc.stdout.receive_some()
 
 
 async def test_run_check() -> None:
@@ -731,8 +831,8 @@ async def test_a_process_killed_after_ignoring_sigterm_warns_as_trio(ignores: st
                 nursery.cancel_scope.cancel()
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     expected = [
-        f"process {['sh', '-c', script, MARKER]!r} ignored SIGTERM for 0.2 seconds. "
-        "(Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
+        f"process <trio.Process {['sh', '-c', script, MARKER]!r}: running with PID {proc.pid}> "
+        "ignored SIGTERM for 0.2 seconds. (Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
     ]
     assert messages == (expected if warned else [])
     assert proc.run.receipt is not None

@@ -3,7 +3,10 @@
 # `trio_procown.run_process` takes trio.run_process's arguments and gives its
 # results (subprocess.CompletedProcess, CalledProcessError with the output,
 # a process handle under nursery.start), and trio's own validation errors,
-# word for word, so code and tests written against trio keep working. The
+# word for word and in trio's order (then Popen's: a stream value with no
+# fileno() is refused, never taken for one of open_owned_command's targets;
+# a refused spawn's OSError is in Popen's words), so code and tests written
+# against trio keep working (docs/migrating.md lists what differs). The
 # difference is the point: the command runs in an owned domain
 # (open_owned_command), so cancellation, a `check` failure or an error ends
 # every process it started, within the teardown's bound, before anything
@@ -37,7 +40,6 @@
 from __future__ import annotations
 
 import math
-import operator
 import os
 import signal
 import subprocess
@@ -84,6 +86,8 @@ _POPEN_DEFAULTS: dict[str, object] = {
     "creationflags": 0,
 }
 _TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
+# What trio's pipe streams give an unsized receive_some() at most.
+_DEFAULT_RECEIVE_SIZE = 65536
 # Options of trio_procown itself, accepted beside trio's.
 # trio's own cancel gives the process 5 s between SIGTERM and SIGKILL; the
 # drop-in gives the command (and now its tree) the same, unless told otherwise.
@@ -254,32 +258,38 @@ class _ChunkReceiveStream(trio.abc.ReceiveStream):
         self._busy = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if max_bytes is not None:
-            max_bytes = operator.index(max_bytes)
-            if max_bytes < 1:
-                msg = "max_bytes must be integer >= 1"
-                raise ValueError(msg)
+        # trio's FdStream, word for word: its checks in its order, its
+        # default size, its messages.
         if self._busy:
             msg = "another task is using this stream for receive"
             raise trio.BusyResourceError(msg)
+        if max_bytes is None:
+            max_bytes = _DEFAULT_RECEIVE_SIZE
+        else:
+            if not isinstance(max_bytes, int):
+                msg = "max_bytes must be integer >= 1"
+                raise TypeError(msg)
+            if max_bytes < 1:
+                msg = "max_bytes must be integer >= 1"
+                raise ValueError(msg)
         self._busy = True
         try:
             if self._closed:
-                raise trio.ClosedResourceError("the stream was closed")
+                raise trio.ClosedResourceError("file was already closed")
             if not self._pending:
                 try:
                     self._pending = await self._chunks.__anext__()
                 except StopAsyncIteration:
                     self._pending = b""
                 if self._closed:  # closed by another task while we waited
-                    raise trio.ClosedResourceError("another task closed this stream")
+                    raise trio.ClosedResourceError("another task closed this fd")
                 if not self._pending:
                     return b""
             else:
                 await trio.lowlevel.checkpoint()
         finally:
             self._busy = False
-        if max_bytes is None or max_bytes >= len(self._pending):
+        if max_bytes >= len(self._pending):
             data, self._pending = self._pending, b""
         else:
             data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
@@ -304,7 +314,8 @@ def _check_command(command: object, shell: bool) -> None:
         raise TypeError(msg)
 
 
-def _check_options(options: dict[str, object]) -> None:
+def _check_text(options: dict[str, object]) -> None:
+    # trio's own message, word for word.
     for key in _TEXT_OPTIONS:
         if options.get(key):
             msg = (
@@ -312,6 +323,24 @@ def _check_options(options: dict[str, object]) -> None:
                 f"unbuffered byte streams; the '{key}' option is not supported"
             )
             raise TypeError(msg)
+
+
+def _check_stdio(value: object, data: bool = False) -> None:
+    """What Popen accepts for stdin, stdout or stderr (None, PIPE, DEVNULL,
+    STDOUT, an fd, an object with a fileno method; with `data`, stdin's
+    bytes, trio's), with Popen's error otherwise: a path or a name is not a
+    file here, as in trio (open_owned_command's own targets, such as
+    "devnull" or a path, would quietly write a file)."""
+    if value is None or value is _ABSENT or isinstance(value, int):
+        return
+    if data and isinstance(value, (bytes, bytearray, memoryview)):
+        return
+    if not hasattr(value, "fileno"):
+        msg = f"'{type(value).__name__}' object has no attribute 'fileno'"
+        raise AttributeError(msg)
+
+
+def _check_options(options: dict[str, object]) -> None:
     for key, why in _REFUSED.items():
         if key in options and not _is_default(key, options[key]):
             msg = f"trio_procown.run_process cannot honour {key}= while owning the command's tree: {why}"
@@ -339,7 +368,7 @@ def _check_options(options: dict[str, object]) -> None:
     unknown = set(options) - known - set(_REFUSED) - set(_TEXT_OPTIONS)
     if unknown:
         name = sorted(unknown)[0]
-        msg = f"run_process() got an unexpected keyword argument {name!r}"
+        msg = f"Popen.__init__() got an unexpected keyword argument {name!r}"  # trio's, from Popen
         raise TypeError(msg)
 
 
@@ -352,10 +381,7 @@ def _is_default(key: str, value: object) -> bool:
 
 def _output_target(name: str, value: Any, capture: bool) -> Target:
     if capture:
-        if value is not _ABSENT:
-            msg = f"can't specify both {name} and capture_{name}"
-            raise ValueError(msg)
-        return CAPTURE
+        return CAPTURE  # (a stream given beside it was refused: see run_process)
     if value is _ABSENT or value is None:
         return INHERIT
     if value == subprocess.DEVNULL:
@@ -424,9 +450,22 @@ async def run_process(
                     "since that's the only way to access the pipe"
                 )
                 raise ValueError(msg)
+    # From here trio's order: the capture conflicts, then open_process's
+    # checks (the text options, the command's form), then Popen's.
+    for name, capture in (("stdout", capture_stdout), ("stderr", capture_stderr)):
+        if capture and name in options:
+            msg = f"can't specify both {name} and capture_{name}"
+            raise ValueError(msg)
+    _check_text(options)
     shell = bool(options.pop("shell", False))
     _check_command(command, shell)
     _check_options(options)
+    _check_stdio(stdin, data=True)
+    _check_stdio(options.get("stdout"))
+    _check_stdio(options.get("stderr"))
+    if not shell and isinstance(command, Sequence) and not command:
+        msg = f"{type(command).__name__} index out of range"  # Popen's, from its args[0]
+        raise IndexError(msg)
     owned: dict[str, Any] = {key: options.pop(key) for key in _OWNED if key in options}
     for key in ("start_new_session", "close_fds", *_POPEN_DEFAULTS, *_TEXT_OPTIONS):
         options.pop(key, None)  # (checked above: each is at a value we honour)
@@ -510,6 +549,13 @@ async def run_process(
                 if deliver_cancel is not None and run.poll() is None:
                     await _deliver(run, handle, deliver_cancel, grace + kill_wait)
                 raise
+    except OSError as exc:
+        if run is not None or not exc.errno or exc.strerror == os.strerror(exc.errno):
+            raise
+        # The spawn refused it, nothing started: Popen's words (our reason, a note).
+        plain = OSError(exc.errno, os.strerror(exc.errno), exc.filename)
+        plain.add_note(f"trio_procown: {exc.strerror}")
+        raise plain from None
     except BaseException:
         if run is not None and deliver_cancel is None:
             _warn_if_killed(run, command, grace, first_signal)
@@ -550,9 +596,10 @@ def _warn_if_killed(run: OwnedCommand, command: object, grace: float, first_sign
     if not receipt.forced:
         return  # it was killed, but not by the teardown's second stage
     first = signame(first_signal) if first_signal else "its first signal"
+    process = f"<trio.Process {command!r}: running with PID {run.pid}>"  # trio's repr of it then
     warnings.warn(
         RuntimeWarning(
-            f"process {command!r} ignored {first} for {grace:g} seconds. "
+            f"process {process} ignored {first} for {grace:g} seconds. "
             "(Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
         ),
         stacklevel=3,
