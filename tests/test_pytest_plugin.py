@@ -598,6 +598,65 @@ def test_a_process_a_librarys_module_holds_is_not_a_tests_leak(
     assert recorded.alive() == []  # ended at the inner run's exit, or by the plugin
 
 
+# loky's resource tracker, as far as the plugin can see it: started once for the
+# process on first use, known to loky by its pid alone (no handle), and deaf to SIGTERM.
+LOKY_TRACKER = """
+import subprocess
+
+class ResourceTracker:
+    def __init__(self):
+        self._pid = None
+
+    def ensure_running(self, start):
+        if self._pid is None:
+            self._pid = start()
+
+_resource_tracker = ResourceTracker()
+"""
+
+USES_LOKY = """
+import sys
+from loky.backend import resource_tracker
+
+def start():
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", deaf])
+    record(proc.pid)
+    return proc.pid
+
+def test_first():
+    resource_tracker._resource_tracker.ensure_running(start)
+
+def test_second():
+    resource_tracker._resource_tracker.ensure_running(start)
+"""
+
+
+@pytest.mark.parametrize("package", ["loky", "joblib.externals.loky"])
+def test_lokys_resource_tracker_is_the_processs_helper(
+    pytester: pytest.Pytester, recorded: Recorded, package: str
+) -> None:
+    """loky's resource tracker (joblib's too), which loky knows only by its pid, is the
+    pytest process's helper, as multiprocessing's is: not the first test's leak, nor
+    killed under it (killed, it cost every later test the grace and loky's relaunch)."""
+    base = pytester.path
+    for part in package.split("."):
+        base = base / part
+        base.mkdir(exist_ok=True)
+        (base / "__init__.py").write_text("")
+    (base / "backend").mkdir()
+    (base / "backend" / "__init__.py").write_text("")
+    (base / "backend" / "resource_tracker.py").write_text(LOKY_TRACKER)
+    body = USES_LOKY.replace("from loky.backend", f"from {package}.backend")
+    pytester.makepyfile(test_tracker=_source(pytester, body))
+    result = pytester.runpytest_subprocess("--procown-leaks=fail", "-p", "no:cacheprovider")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.no_fnmatch_line("*left * process(es) running*")
+    assert recorded.alive() == [pid]  # never signalled: its library's, ended by it at exit (here: by us)
+
+
 def test_a_handle_the_tests_still_hold_is_their_leak(pytester: pytest.Pytester, recorded: Recorded) -> None:
     """A leaked process whose handle is still alive is spared only when the
     run's tests do not hold it: a failed test's local (its frame is kept by

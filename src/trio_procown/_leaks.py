@@ -563,21 +563,39 @@ def _holder(
     return "an object in this process" if frontier else ""
 
 
+# Helper processes a library starts once for the whole process and knows
+# only by pid (no handle that library_held could find): the module, the
+# attribute chain to the pid, and what the helper is. loky's resource
+# tracker (also joblib's, whose default backend is loky) ignores SIGINT and
+# SIGTERM and is restarted on the next use: killed as a test's leak, each
+# test after the first paid the 2 s grace and saw loky's "relaunching"
+# warning (measured on loky 3.7.0's own suite: 92 reports, one test failing).
+_PROCESS_HELPERS = (
+    ("multiprocessing.forkserver", ("_forkserver", "_forkserver_pid"), "multiprocessing's forkserver"),
+    ("multiprocessing.resource_tracker", ("_resource_tracker", "_pid"), "multiprocessing's resource tracker"),
+    ("loky.backend.resource_tracker", ("_resource_tracker", "_pid"), "loky's resource tracker"),
+    (
+        "joblib.externals.loky.backend.resource_tracker",
+        ("_resource_tracker", "_pid"),
+        "joblib's (loky's) resource tracker",
+    ),
+)
+
+
 def runner_helpers() -> dict[int, str]:
-    """multiprocessing's helper processes of this process, and this
-    library's keeper (_keeper.py): they end with it."""
+    """The helper processes libraries keep for this whole process (see
+    _PROCESS_HELPERS), and this library's keeper (_keeper.py): they end
+    with it."""
     found = {}
     keeper = _keeper.current_pid()
     if keeper:
         found[keeper] = "trio_procown's keeper of this process"
-    server = sys.modules.get("multiprocessing.forkserver")
-    pid = getattr(getattr(server, "_forkserver", None), "_forkserver_pid", None)
-    if isinstance(pid, int):
-        found[pid] = "multiprocessing's forkserver of this process"
-    tracker = sys.modules.get("multiprocessing.resource_tracker")
-    pid = getattr(getattr(tracker, "_resource_tracker", None), "_pid", None)
-    if isinstance(pid, int):
-        found[pid] = "multiprocessing's resource tracker of this process"
+    for module, chain, what in _PROCESS_HELPERS:
+        value: object = sys.modules.get(module)
+        for name in chain:
+            value = getattr(value, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found[value] = f"{what} of this process"
     return found
 
 
