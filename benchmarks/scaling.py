@@ -410,18 +410,13 @@ async def _bare_cancel_stall(k: int) -> float:
     return watch.longest
 
 
-def _wait_of_longest(point: _MassPoint) -> float:
-    """The loop thread's wait for a CPU in the point's longest stall (its worst run's)."""
+def _in_longest(point: _MassPoint, per_run: list[float]) -> float:
+    """`per_run`'s figure (one per run, as point.stalls) for the point's
+    longest stall (its worst run's): the loop thread's CPU time in it, or
+    its wait for a CPU."""
     if not point.stalls:
         return float("nan")
-    return point.stall_wait[point.stalls.index(max(point.stalls))]
-
-
-def _cpu_of_longest(point: _MassPoint) -> float:
-    """The loop thread's CPU time in the point's longest stall (its worst run's)."""
-    if not point.stalls:
-        return float("nan")
-    return point.stall_cpu[point.stalls.index(max(point.stalls))]
+    return per_run[point.stalls.index(max(point.stalls))]
 
 
 class _CpuUse:
@@ -684,8 +679,8 @@ async def _mass(cfg: Config, section: Section, domains: list[DomainName]) -> Non
                     f"{sum(o > 0 for o in p.over)}/{len(p.over)}",
                     str(max(p.survivors, default=0)),
                     ms(max(p.stalls, default=float("nan"))),
-                    ms(_cpu_of_longest(p)),
-                    ms(_wait_of_longest(p)),
+                    ms(_in_longest(p, p.stall_cpu)),
+                    ms(_in_longest(p, p.stall_wait)),
                     ms(max(p.busiest, default=float("nan"))),
                     ms(floors[k]),
                     ms(_worst([f.stall for f in storms[k]])),

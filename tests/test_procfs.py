@@ -315,7 +315,6 @@ def test_a_spawn_reads_nothing_while_the_clone_count_is_recent(monkeypatch: pyte
     monkeypatch.setattr(_procfs, "pid_mark", pid_mark)
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(_procfs, "_NEWEST", [newest])
-    monkeypatch.setattr(_procfs, "_NEWEST_AT", [clock[0]])
     monkeypatch.setattr(_procfs, "_FORKS_AT", [clock[0]])
     counters = _loadavg(monkeypatch, last_pid=505, tasks=95)
     assert _procfs.spawn_mark() is newest

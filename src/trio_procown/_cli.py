@@ -447,6 +447,12 @@ def finish_receipt(
         _say(json.dumps(receipt.to_dict(), indent=2) if as_json else receipt.summary())
 
 
+def cannot_run_status(code: int) -> int:
+    """The exit status for a command that cannot be run with errno `code`
+    (_spawn.command_failure): 127 not found, 126 anything else."""
+    return EXIT_NOT_FOUND if code == errno.ENOENT else EXIT_CANNOT_RUN
+
+
 class Stopper:
     """Remembers the first stop signal and cancels the current stage."""
 
@@ -572,7 +578,7 @@ async def _run_and_forward(
                         code = command_failure(exc, command)
                         if code is not None:
                             _say(f"procown: cannot run {options.command[0]!r}: {_reason(exc)}")
-                            return (EXIT_NOT_FOUND if code == errno.ENOENT else EXIT_CANNOT_RUN), None
+                            return cannot_run_status(code), None
                         _say(f"procown: error: cannot start {options.command[0]!r}: {_reason(exc)}")
                         return EXIT_PROCOWN, None
                     break

@@ -165,10 +165,8 @@ def _forks(raw: bytes) -> int:
     return int(raw[at : raw.index(b"\n", at)])
 
 
-# The newest mark read in this process (see the module comment), and when
-# (time.perf_counter()).
+# The newest mark read in this process (see the module comment).
 _NEWEST: list[PidMark] = []
-_NEWEST_AT = [-math.inf]
 
 # A clone count read from /proc/stat this recently serves a new mark with a
 # fresh pid counter (spawn_mark), and when it was read (time.perf_counter()).
@@ -186,14 +184,14 @@ def pid_mark() -> PidMark | None:
     except (OSError, ValueError, IndexError):
         return None
     _remember(mark)
-    _FORKS_AT[0] = _NEWEST_AT[0]
+    _FORKS_AT[0] = time.perf_counter()
     return mark
 
 
 def _fresh_pid(forks: int) -> PidMark | None:
     """A mark of the pid counter read now, with the clone count `forks`
-    read earlier (see quiet_since and spawn_mark); None where
-    /proc/loadavg cannot be read."""
+    read earlier (see quiet_since); None where /proc/loadavg cannot be
+    read."""
     try:
         last_pid, tasks = _reread("/proc/loadavg", _loadavg)
     except (OSError, ValueError, IndexError):
@@ -202,9 +200,8 @@ def _fresh_pid(forks: int) -> PidMark | None:
 
 
 def _remember(mark: PidMark) -> None:
-    """Make `mark` the newest mark read in this process, read now."""
+    """Make `mark` the newest mark read in this process."""
     _NEWEST[:] = [mark]
-    _NEWEST_AT[0] = time.perf_counter()
 
 
 def quiet_since(mark: PidMark | None, pid: int) -> bool:

@@ -164,14 +164,7 @@ class OwnedProcess:
         # trio.Process's own words, as isinstance() answers as for it: a log
         # line or a test that matches trio's repr goes on matching
         # (type(proc) names OwnedProcess).
-        code = self.returncode
-        if code is None:
-            status = f"running with PID {self.pid}"
-        elif code < 0:
-            status = f"exited with signal {-code}"
-        else:
-            status = f"exited with status {code}"
-        return f"<trio.Process {self.args!r}: {status}>"
+        return _trio_repr(self.args, self.pid, self.returncode)
 
     # trio.Process's private state, for code that reaches into it: trio's
     # own methods called unbound (trio.Process.kill(proc) reads _proc), and
@@ -304,6 +297,17 @@ class _ChunkReceiveStream(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
+def _trio_repr(args: object, pid: int, code: int | None) -> str:
+    """trio.Process's repr of a process with `args`, `pid` and status `code`."""
+    if code is None:
+        status = f"running with PID {pid}"
+    elif code < 0:
+        status = f"exited with signal {-code}"
+    else:
+        status = f"exited with status {code}"
+    return f"<trio.Process {args!r}: {status}>"
+
+
 def _check_command(command: object, shell: bool) -> None:
     # trio's own messages, word for word.
     if isinstance(command, (str, bytes)) and not shell:
@@ -331,7 +335,7 @@ def _check_stdio(value: object, data: bool = False) -> None:
     bytes, trio's), with Popen's error otherwise: a path or a name is not a
     file here, as in trio (open_owned_command's own targets, such as
     "devnull" or a path, would quietly write a file)."""
-    if value is None or value is _ABSENT or isinstance(value, int):
+    if value is None or isinstance(value, int):
         return
     if data and isinstance(value, (bytes, bytearray, memoryview)):
         return
@@ -596,10 +600,9 @@ def _warn_if_killed(run: OwnedCommand, command: object, grace: float, first_sign
     if not receipt.forced:
         return  # it was killed, but not by the teardown's second stage
     first = signame(first_signal) if first_signal else "its first signal"
-    process = f"<trio.Process {command!r}: running with PID {run.pid}>"  # trio's repr of it then
     warnings.warn(
         RuntimeWarning(
-            f"process {process} ignored {first} for {grace:g} seconds. "
+            f"process {_trio_repr(command, run.pid, None)} ignored {first} for {grace:g} seconds. "
             "(Maybe you should pass a custom deliver_cancel?) Trying SIGKILL."
         ),
         stacklevel=3,

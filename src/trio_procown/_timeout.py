@@ -56,11 +56,10 @@ from . import __version__
 from ._budgets import DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._cli import (
     DURATION_UNITS,
-    EXIT_CANNOT_RUN,
-    EXIT_NOT_FOUND,
     EXIT_PROCOWN,
     EXIT_TIMEOUT,
     SIGNAL_BASE,
+    cannot_run_status,
     shell_script_argv,
 )
 from ._command import DEVNULL, INHERIT, OwnedCommand, open_owned_command
@@ -597,7 +596,7 @@ def _failed_to_run(name: str, code: int) -> Ending:
     """GNU's "failed to run command" and its status: 127 not found, 126
     cannot be invoked."""
     _say(f"{NAME}: failed to run command {quote(name)}: {os.strerror(code)}")
-    return Ending(EXIT_NOT_FOUND if code == errno.ENOENT else EXIT_CANNOT_RUN)
+    return Ending(cannot_run_status(code))
 
 
 def _spawn_failure(name: str, exc: OSError, argv: list[str]) -> Ending:
