@@ -837,6 +837,56 @@ def test_clean(n):
     assert recorded.alive() == []
 
 
+EXEMPT = """
+@pytest.mark.procown_leaks("off")
+def test_exempt():
+    spawn("sleep", "30")
+
+def test_clean():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [(), ("-p", "xdist", "-n", "2")], ids=["one process", "xdist"])
+def test_off_marker_under_a_run_wide_check(
+    pytester: pytest.Pytester, recorded: Recorded, workers: tuple[str, ...]
+) -> None:
+    """With the check on for the run, a test marked off is not checked: what it
+    leaves running is neither stopped nor blamed on the session, and the end of
+    the session names it (under xdist too, where the controller holds the
+    session's window)."""
+    if workers:
+        pytest.importorskip("xdist")
+    pytester.makepyfile(test_off=_source(pytester, EXEMPT))
+    result = pytester.runpytest_subprocess(*workers, "--procown-leaks=fail")
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        [
+            "still running, not checked (marked procown_leaks('off')): "
+            f"pid {pid} (started by test_off.py::test_exempt)"
+        ]
+    )
+    result.stdout.no_fnmatch_line("*the test session (outside any test) left*")
+    assert recorded.alive() == [pid]
+
+
+def test_kept_leak_under_xdist_is_not_the_sessions(pytester: pytest.Pytester, recorded: Recorded) -> None:
+    """--procown-leaks-keep under xdist: the worker's test reports its leak, and
+    the controller lists it as kept, not again as the session's own."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_leak=_source(pytester, LEAK))
+    result = pytester.runpytest_subprocess(
+        "-p", "xdist", "-n", "2", "--procown-leaks=fail", "--procown-leaks-keep"
+    )
+    (pid,) = recorded.pids()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"still running, as asked (keep): pid {pid}"])
+    result.stdout.no_fnmatch_line("*the test session (outside any test) left*")
+    assert recorded.alive() == [pid]
+
+
 def test_no_leaks_block_raises_and_terminates(procown_no_leaks: pytest_plugin.NoLeaksFactory) -> None:
     """A procown_no_leaks block that leaks raises ProcessLeakError naming the process, terminated."""
     with pytest.raises(ProcessLeakError) as info, procown_no_leaks():

@@ -4,7 +4,11 @@
 # asked for: `--procown-leaks=fail|warn|off`, the ini option `procown_leaks`,
 # or `@pytest.mark.procown_leaks("fail")` on a test, class or module. The
 # marker (most specific) wins over the command line, which wins over the ini
-# file. With everything off, a test costs one marker lookup.
+# file. With everything off, a test costs one marker lookup. A test marked
+# off while the run checks gets a window all the same, swept without a
+# report or a signal: what it leaves running is its own (listed at the end),
+# not the session's. Under xdist a worker tells the controller of such
+# processes, and of kept ones, in a report's user property (_RUNNING).
 #
 # Windows. An active test gets a window (_leaks.Watch) from the start of its
 # setup to the end of its teardown. What it finds alive afterwards is the
@@ -134,6 +138,9 @@ class _State:
         self.session: Watch | None = None
         self.current: _TestWatch | None = None
         self.reported: dict[int, int] = {}  # pid -> start: leaks already reported (kept)
+        # pid -> (start, test): what tests marked off left running, while
+        # the check is on for the run (not checked, not the session's)
+        self.exempt: dict[int, tuple[int, str]] = {}
         self.spared: dict[tuple[int, int], LeakedProcess] = {}  # (pid, start) -> as a test's window saw it
         self.broader: dict[int, pytest.FixtureDef[Any]] = {}  # fixtures broader than a test
         self.released: dict[int, str] = {}  # pool workers of broader fixtures torn down in this test
@@ -300,6 +307,32 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         state.session = Watch(state.tracker, "the test session (outside any test)", "session")
         state.session.open("session")
+        session.config.pluginmanager.register(_Relay(state), "procown-relay")
+
+
+# A report's user property by which an xdist worker tells the controller of
+# the processes its tests left running on purpose (kept, or from a test
+# marked off): the controller's session window must not blame them on the
+# session.
+_RUNNING = "procown_leaks_running"
+
+
+class _Relay:
+    """The controller's side of _RUNNING (registered with the session window)."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name != _RUNNING:
+                continue
+            for entry in json.loads(str(value)):
+                pid, start = int(entry["pid"]), int(entry["start"])
+                if entry["why"] == "kept":
+                    self.state.reported[pid] = start
+                else:
+                    self.state.exempt[pid] = (start, report.nodeid)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -332,7 +365,9 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
         test.watch.close()
         leaks = test.watch.sweep(test.keep, spare=state.spare)
         test.watch.release()
-        if leaks:
+        if test.mode == "off":
+            state.exempt.update((leak.pid, (leak.start_key, test.watch.owner)) for leak in leaks)
+        elif leaks:
             if test.keep:
                 state.reported.update((leak.pid, leak.start_key) for leak in leaks)
             lines.append(format_leaks(test.watch.owner, leaks, test.watch.mechanism()))
@@ -353,7 +388,12 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
 
     _keeper.retire()
     kept = [pid for pid, start in state.reported.items() if is_running(pid, start)]
-    leaks = watch.sweep(keep, exclude=lambda pid, start: state.reported.get(pid) == start, spare=state.spare)
+    exempt = [(pid, test) for pid, (start, test) in state.exempt.items() if is_running(pid, start)]
+
+    def seen(pid: int, start: int) -> bool:
+        return state.reported.get(pid) == start or state.exempt.get(pid, (None,))[0] == start
+
+    leaks = watch.sweep(keep, exclude=seen, spare=state.spare)
     leaks = [leak.credited(state.spared.get((leak.pid, leak.start_key))) for leak in leaks]
     watch.release()
     state.tracker.remove_leftovers()  # kept leaks may have ended by now
@@ -361,6 +401,11 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
         lines.append(format_leaks(watch.owner, leaks, watch.mechanism()))
     if kept:
         lines.append(f"still running, as asked (keep): pid {', '.join(map(str, kept))}")
+    if exempt:
+        lines.append(
+            "still running, not checked (marked procown_leaks('off')): "
+            + "; ".join(f"pid {pid} (started by {test})" for pid, test in exempt)
+        )
     # A library's helper ends with this process, if the library ends it at
     # exit (jedi does): said, not failed.
     helpers = [leak for leak in watch.spared if leak.role.endswith(NOT_THE_TESTS)]
@@ -416,10 +461,13 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
             mode, keep = state.for_item(item)
         except pytest.UsageError as exc:
             mode, keep, error = "off", False, exc
-        if mode != "off":
+        # A test marked off while the check is on for the run still gets
+        # a window, so that what it leaves running is known as its own:
+        # neither checked nor stopped, nor blamed on the session.
+        if mode != "off" or state.settings()[0] != "off":
             from ._leaks import Watch
 
-            test = _TestWatch(Watch(state.tracker, item.nodeid, "test"), mode, keep)
+            test = _TestWatch(Watch(state.tracker, item.nodeid, "test"), mode, keep or mode == "off")
             item.stash[_WATCH] = test
             state.current = test
             test.watch.open("setup")
@@ -458,6 +506,16 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     watch.release()
     state.released.clear()
     state.spared.update(((s.pid, s.start_key), s) for s in watch.spared)
+    if hasattr(item.config, "workerinput") and (test.keep or test.mode == "off"):
+        running = [
+            {"pid": leak.pid, "start": leak.start_key, "why": "not checked" if test.mode == "off" else "kept"}
+            for leak in leaks
+        ]
+        if running:
+            item.user_properties.append((_RUNNING, json.dumps(running)))
+    if test.mode == "off":
+        state.exempt.update((leak.pid, (leak.start_key, item.nodeid)) for leak in leaks)
+        leaks = []
     if leaks:
         if test.keep:
             state.reported.update((leak.pid, leak.start_key) for leak in leaks)
