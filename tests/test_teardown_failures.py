@@ -7,7 +7,10 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -15,6 +18,7 @@ import trio
 import trio_procown
 from conftest import py
 from helpers import Budgets, alive, domains, kill_and_wait, read_ready
+from trio_procown import _stale
 
 DOMAINS = domains()
 SLEEPER = py("import time; print('ready', flush=True); time.sleep(30)")
@@ -165,6 +169,75 @@ async def test_rmdir_failure_is_said_exactly(monkeypatch: pytest.MonkeyPatch) ->
         assert "still populated" in claims, claims
     finally:
         for path in refused:
+            os.rmdir(path)
+
+
+def _refuse_first_rmdir(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """os.rmdir refuses the first command cgroup with EBUSY, as for one
+    still populated when the teardown's bound ran out; the paths refused."""
+    real_rmdir = os.rmdir
+    refused: list[str] = []
+
+    def rmdir(path: str, *args: object, **kwargs: object) -> None:
+        name = _stale.parse(os.path.basename(os.fspath(path)))
+        if name is not None and name[0] == "command domain" and os.path.isdir(path) and not refused:
+            refused.append(os.fspath(path))
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real_rmdir(path)
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    return refused
+
+
+@pytest.mark.skipif("cgroup" not in DOMAINS, reason="the cgroup domain is unavailable here")
+@pytest.mark.timeout(30)
+async def test_a_cgroup_still_populated_at_release_is_removed_at_the_next_spawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cgroup the teardown could not remove (EBUSY) is not left for good:
+    the receipt says when it goes, and the next cgroup command removes it."""
+    refused = _refuse_first_rmdir(monkeypatch)
+    first = await trio_procown.run_owned(["true"], domain="cgroup")
+    (path,) = refused
+    try:
+        assert os.path.isdir(path)
+        claims = " ".join(first.receipt.claims())
+        assert "removed once empty, at this process's next cgroup command or its exit" in claims, claims
+        await trio_procown.run_owned(["true"], domain="cgroup")
+        assert not os.path.exists(path)
+    finally:
+        if os.path.isdir(path):
+            os.rmdir(path)
+
+
+@pytest.mark.skipif("cgroup" not in DOMAINS, reason="the cgroup domain is unavailable here")
+@pytest.mark.timeout(30)
+def test_a_cgroup_still_populated_at_release_is_removed_at_exit(tmp_path: Path) -> None:
+    """The same cgroup, when no later command comes: the owner's exit removes it."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import errno, functools, os, trio, trio_procown\n"
+        "from trio_procown import _stale\n"
+        "real, refused = os.rmdir, []\n"
+        "def rmdir(path, *a, **k):\n"
+        "    if (_stale.parse(os.path.basename(path)) or ('',))[0] == 'command domain' and not refused:\n"
+        "        refused.append(path)\n"
+        "        raise OSError(errno.EBUSY, 'busy')\n"
+        "    real(path)\n"
+        "os.rmdir = rmdir\n"
+        "trio.run(functools.partial(trio_procown.run_owned, ['true'], domain='cgroup'))\n"
+        "os.rmdir = real\n"
+        "print(refused[0], os.path.isdir(refused[0]), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=20, check=True
+    )
+    path, there = done.stdout.split()
+    try:
+        assert there == "True", done.stdout
+        assert not os.path.exists(path)
+    finally:
+        if os.path.isdir(path):
             os.rmdir(path)
 
 

@@ -504,6 +504,31 @@ def signal_each(
     return sent
 
 
+# Cgroups a teardown could not remove because they were still populated when
+# its bound ran out (members a SIGKILL had not yet ended, a member in
+# uninterruptible sleep): removed, once empty, at this process's next cgroup
+# spawn or at its exit. Only rmdir: nothing is signalled again.
+_unremoved: set[str] = set()
+
+
+def remove_later(path: str) -> None:
+    """Retry removing `path` (and what it holds) at the next spawn and at exit."""
+    if not _unremoved:
+        import atexit
+
+        atexit.register(retry_removals)
+    _unremoved.add(path)
+
+
+def retry_removals() -> None:
+    """Remove the cgroups of `remove_later` that are empty now; keep those
+    still populated for the next try, give up on any other refusal."""
+    for path in list(_unremoved):
+        _, kept = remove_tree(path)
+        if not any(exc.errno == errno.EBUSY for _, exc in kept):
+            _unremoved.discard(path)
+
+
 def remove_tree(path: str) -> tuple[list[str], list[tuple[str, OSError]]]:
     """Remove the cgroup `path` and its descendants, deepest first: the
     cgroups removed, and those that could not be, with why."""
@@ -561,6 +586,8 @@ class CgroupDomain(Domain):
 
     def command_line(self, argv: Sequence[str], name: str) -> tuple[str, list[str]]:
         _stale.sweep_once(self.root)  # the first use of a root: stale domains of dead owners
+        if _unremoved:
+            retry_removals()
         self.path = os.path.join(self.root, _stale.cgroup_name(next(_counter)))
         os.mkdir(self.path)
         self._procs_file = self._file("cgroup.procs")
@@ -853,6 +880,9 @@ class CgroupDomain(Domain):
         text = f"cgroup NOT removed: {', '.join(kept)}"
         if removed:
             text += f"; removed {', '.join(removed)}"
+        if any(exc.errno == errno.EBUSY for _, exc in refused):
+            remove_later(self.path)
+            text += "; it is removed once empty, at this process's next cgroup command or its exit"
         return text
 
     def abort_spawn(self) -> None:
