@@ -1,10 +1,15 @@
 """Run external commands from Trio so that each invocation owns everything it
 starts, tears it all down within a bound, and leaves a receipt."""
 
+from __future__ import annotations
+
 import gc as _gc
-import importlib
 import sys as _sys
-from typing import TYPE_CHECKING, Any
+
+# Nothing else is imported before the console scripts' entry point
+# (_entry.py) takes the early signals: typing and importlib, ~4 ms of a
+# cold start-up, are imported when first needed.
+TYPE_CHECKING = False
 
 # What the collector held frozen when the package was first imported: on
 # CPython 3.12, the interpreter's own immortal objects, not the program's
@@ -14,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 _FROZEN_AT_IMPORT = _gc.get_freeze_count() if _sys.version_info[:2] == (3, 12) else 0
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from ._census import COOKIE_VAR as COOKIE_VAR
     from ._choice import DomainOption as DomainOption
     from ._choice import auto_choice as auto_choice
@@ -156,8 +163,10 @@ def _public(obj: Any) -> None:
 
 
 def _load(names: dict[str, str]) -> None:
+    from importlib import import_module
+
     for name, module in names.items():
-        obj = getattr(importlib.import_module(f".{module}", __name__), name)
+        obj = getattr(import_module(f".{module}", __name__), name)
         _public(obj)
         globals()[name] = obj
 
@@ -169,8 +178,10 @@ def __getattr__(name: str) -> Any:
         _load({name: _LAZY[name]})
     elif name.startswith("_") and not name.startswith("__"):
         # A module of the package that nothing has imported yet.
+        from importlib import import_module
+
         try:
-            return importlib.import_module(f".{name}", __name__)
+            return import_module(f".{name}", __name__)
         except ModuleNotFoundError as exc:
             if exc.name != f"{__name__}.{name}":
                 raise
