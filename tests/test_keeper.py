@@ -699,3 +699,50 @@ def test_owned():
     assert pid > 0
     assert not _live(pid)
     assert _keeper.current_pid() == 0
+
+
+# A nested owner that ignores SIGTERM, running in a cgroup a command that
+# ignores it too; it prints the command's cgroup once the command is up.
+NESTED_OWNER = """
+import signal, sys, trio, trio_procown
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(60)"
+)
+async def main():
+    command = [sys.executable, "-c", STUBBORN, sys.argv[1]]
+    async with trio_procown.open_owned_command(command, domain="cgroup") as run:
+        async for _line in run.lines():
+            break
+        print(run.domain_id, flush=True)
+        await trio.sleep(60)
+trio.run(main)
+"""
+
+
+@pytest.mark.timeout(30)
+async def test_nested_owner_killed_with_its_keeper_leaves_no_cgroup(
+    private_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outer owner on the process-group domain forces a nested owner
+    (SIGTERM ignored) and, through the census, the nested owner's keeper,
+    before that keeper could remove the nested command's cgroup: the outer
+    teardown removes the cgroup, empty by then, and its receipt says so."""
+    monkeypatch.setenv(_cgroup.ROOT_ENV, private_root)
+    outer = [sys.executable, "-c", NESTED_OWNER, MARKER]
+    async with trio_procown.open_owned_command(
+        outer, domain="process-group", grace=0.3, kill_wait=1.0, drain_wait=0.5
+    ) as run:
+        async for line in run.lines():
+            inner = line.strip()
+            break
+        await run.terminate()
+    receipt = run.receipt
+    assert receipt is not None
+    assert receipt.forced, receipt.steps
+    assert os.path.dirname(inner) == private_root
+    assert not os.path.exists(inner), receipt.steps
+    (tidied,) = [step for step in receipt.steps if step.target == "stale domains"]
+    assert tidied.outcome == "removed"
+    assert inner in tidied.detail

@@ -180,7 +180,8 @@ def _refuse_first_rmdir(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def rmdir(path: str, *args: object, **kwargs: object) -> None:
         name = _stale.parse(os.path.basename(os.fspath(path)))
-        if name is not None and name[0] == "command domain" and os.path.isdir(path) and not refused:
+        ours = name is not None and name[:2] == ("command domain", os.getpid())  # (not a stale one swept)
+        if ours and os.path.isdir(path) and not refused:
             refused.append(os.fspath(path))
             raise OSError(errno.EBUSY, "Device or resource busy")
         real_rmdir(path)
@@ -220,7 +221,8 @@ def test_a_cgroup_still_populated_at_release_is_removed_at_exit(tmp_path: Path) 
         "from trio_procown import _stale\n"
         "real, refused = os.rmdir, []\n"
         "def rmdir(path, *a, **k):\n"
-        "    if (_stale.parse(os.path.basename(path)) or ('',))[0] == 'command domain' and not refused:\n"
+        "    name = _stale.parse(os.path.basename(path)) or ('', 0)\n"
+        "    if name[:2] == ('command domain', os.getpid()) and not refused:\n"
         "        refused.append(path)\n"
         "        raise OSError(errno.EBUSY, 'busy')\n"
         "    real(path)\n"

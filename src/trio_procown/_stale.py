@@ -128,6 +128,21 @@ def clean(stale: list[StaleDomain], grace: float, kill_wait: float) -> list[str]
     return _keeper.end_domains(entries, kill_wait) if entries else []
 
 
+def remove_empty(root: str) -> list[str]:
+    """Remove the empty stale command cgroups directly under `root` (rmdir
+    only: nothing is signalled); the paths removed."""
+    removed = []
+    for stale in find(root, deep=False):
+        if stale.what != "command domain" or stale.pids:
+            continue
+        try:
+            os.rmdir(stale.path)
+        except OSError:
+            continue  # (a child cgroup of its own, or a member that came meanwhile: the sweep's)
+        removed.append(stale.path)
+    return removed
+
+
 def sweep_once(root: str) -> None:
     """At the first use of `root` in this process: end and remove the stale
     command cgroups directly under it, bounded by SWEEP_GRACE +

@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import trio
 
-from . import _mass, _procfs, _signaller
+from . import _mass, _procfs, _signaller, _stale
 from ._census import COOKIE_KEY
 from ._domain import Sent, describe_error, signal_names, unchanged
 from ._escalation import Do, Escalation, Event, State
@@ -705,6 +705,8 @@ class Teardown:
         if released:
             outcome = "not removed" if "NOT removed" in released else "removed"
             self.step(Action.RELEASE, "domain", released, outcome)
+        if machine.forced and domain.kind == "process-group" and not _mass.in_burst():
+            self._remove_stale()
         keeper, keeper_note = self.spawned.guard.close()  # released: the keeper may forget it
         streams, output = self._output_record()
         still = [ProcessRecord(m.pid, _procfs.cmdline(m.pid), "alive") for m in live] if live else []
@@ -741,6 +743,29 @@ class Teardown:
             duration=self._lived(),
             extras=extras,
         )
+
+    def _remove_stale(self) -> None:
+        """After a forced teardown on the process-group domain: a member may
+        have been an owner whose keeper was ended with it (a nested owner
+        and its keeper both killed), leaving its commands' cgroups, now
+        empty, under the cgroup root it shares with us. Those are removed
+        now rather than at a later process's sweep (rmdir only: the cgroup
+        domain removes what its commands made with its own cgroup)."""
+        try:
+            from ._cgroup import default_root
+
+            root = default_root()
+            removed = _stale.remove_empty(root) if root else []
+        except Exception as exc:
+            self.step(Action.ERROR, "stale domains", f"{type(exc).__name__}: {exc}", "failed")
+            return
+        if removed:
+            self.step(
+                Action.RELEASE,
+                "stale domains",
+                f"removed {len(removed)} empty cgroup(s) whose owner is gone: {', '.join(removed)}",
+                "removed",
+            )
 
     def _census_records(self, escaped: list[ProcInfo]) -> tuple[ProcessRecord, ...]:
         """The census's escapees and their fates, those still alive (named
