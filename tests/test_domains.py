@@ -561,6 +561,38 @@ async def test_in_a_burst_a_cgroup_escapee_is_still_found_and_terminated(
     assert "SIGTERM" in signalled[0].signals, receipt.steps
 
 
+# The leader moves itself out of its cgroup into CG_TARGET's, then waits.
+LEADER_LEAVES = """
+import os, time
+with open(os.environ["CG_TARGET"], "w") as f:
+    f.write("0")
+print("out", flush=True)
+time.sleep(30)
+"""
+
+
+@needs_cgroup
+@pytest.mark.skipif(os.geteuid() != 0, reason="leaving a cgroup for another takes privilege")
+@pytest.mark.timeout(30)
+async def test_a_leader_that_left_its_cgroup_costs_the_kernels_evidence() -> None:
+    """A leader verified in its cgroup that then moves itself out (a write to a cgroup.procs
+    file) is seen where it went at the teardown: the receipt says so, and what it started
+    after that is claimed only as the census sees it, not as the kernel's evidence."""
+    own = _cgroup.own_cgroup_dir()
+    assert own is not None
+    env = dict(os.environ, CG_TARGET=os.path.join(own, "cgroup.procs"))
+    async with trio_procown.open_owned_command(py(LEADER_LEAVES), domain="cgroup", env=env) as run:
+        async for line in run.lines():
+            if line.startswith("out"):
+                break
+        receipt = await run.terminate()
+    assert receipt.escape_evidence == "census", receipt.steps
+    (moved,) = [s for s in receipt.steps if s.target == "placement"]
+    assert moved.outcome == "left"
+    assert f"left cgroup {run.domain_id} for {own}" in moved.detail
+    assert any("seen only by the census" in claim for claim in receipt.claims())
+
+
 def test_only_a_verified_cgroup_empties_without_a_scan() -> None:
     """The kernel's cgroup.events says a verified cgroup is empty; a process group (or a cgroup
     whose placement is unproven, judged by its group too) needs the process table."""

@@ -666,6 +666,23 @@ class CgroupDomain(Domain):
             f"(in {where}); falling back to the evidence of process group {self._group.pgid}"
         )
 
+    def left(self) -> str:
+        # A verified leader can still move itself out, by a write to a
+        # cgroup.procs file: that takes write access to the cgroup tree (the
+        # owner's own, over its root, which its commands share; or root's).
+        # What it starts after that is outside the cgroup, known only by the
+        # census. Read where it is now (a zombie's file still names it).
+        if self.placement != "verified" or self.leader is None:
+            return ""
+        where = cgroup_of(self.leader.pid)
+        if where is None or self._inside(where):
+            return ""
+        self.placement = "left"
+        return (
+            f"the leader (pid {self.leader.pid}) left cgroup {self.path} for {where}: what it started "
+            "after that is outside the cgroup, known only by the census"
+        )
+
     # -- members -----------------------------------------------------------
     def _pids(self) -> list[int]:
         return tree_pids(self.path, self._read_failures)

@@ -175,6 +175,11 @@ class Domain(abc.ABC):
         sentence for the receipt when it is not (or not provably), else ""."""
         return ""
 
+    def left(self) -> str:
+        """After a teardown that signalled: did a leader the domain held
+        leave it meanwhile? A sentence for the receipt if so, else ""."""
+        return ""
+
     def pgid_inside(self) -> int:
         """A process group wholly inside this domain (-1 if none): the
         census need not read its members."""

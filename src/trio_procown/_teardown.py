@@ -653,6 +653,10 @@ class Teardown:
                 drain.abandon()
         if domain.placement_pending():
             self._verify_placement()  # the leader is a zombie now: its cgroup still shows
+        elif machine.cause != "exited" or self._leftovers:
+            moved = domain.left()  # (not on the plain exit's path: a read per command)
+            if moved:
+                self.step(Action.SCAN, "placement", moved, "left")
         members = domain.members(table.rows)
         live: list[ProcInfo] = []
         zombies: list[ProcInfo] = []
