@@ -110,6 +110,13 @@ def test_refused_signals_and_failed_actions_are_said() -> None:
     assert says(r, "an action of the teardown failed (SIGNAL_GRACEFUL: OSError: boom)")
 
 
+def test_a_leader_never_seen_to_exit_is_not_said_to_have_ended() -> None:
+    """No status (a leader whose signals were refused, still alive): the receipt does not say it ended."""
+    r = receipt(TERM, KILL, returncode=None, domain_empty=False, forced=True)
+    assert says(r, "Its direct process had not been seen to exit when the teardown ended: no status.")
+    assert not says(r, "ended with")
+
+
 def test_placement_and_release_sentences() -> None:
     """The placement check and the release (done or NOT done) are said with their details."""
     placement = Step(0.0, A.SCAN, "placement", "placement FAILED: the leader runs outside", "not verified")

@@ -251,7 +251,9 @@ class Receipt:
             out.append(f"The block running the command (pid {self.pid}) raised an exception.")
         elif self.cause == "stopped":
             out.append(f"The command (pid {self.pid}) was stopped on request.")
-        if self.cause != "exited" or exit_step is None:
+        if self.returncode is None:
+            out.append("Its direct process had not been seen to exit when the teardown ended: no status.")
+        elif self.cause != "exited" or exit_step is None:
             out.append(f"Its direct process ended with {status}.")
 
         placement = self._first(Action.SCAN, "placement")
