@@ -7,6 +7,7 @@ named in each docstring; the last tests pin down the ownership itself."""
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -27,8 +28,7 @@ from trio.testing import wait_all_tasks_blocked
 import trio_procown
 from conftest import MARKER
 from helpers import alive, kill_and_wait, pids_in
-from trio_procown import OwnedProcess, run_process
-from trio_procown._command import OwnedOptions
+from trio_procown import OwnedProcess, RunProcessOptions, run_process
 
 
 def python(code: str) -> list[str]:
@@ -206,7 +206,7 @@ async def test_run() -> None:
     assert (result.returncode, result.stdout, result.stderr) == (0, data, data[::-1])
 
     with pytest.raises(UnicodeError):
-        await run_process(CAT, stdin="oh no, it's text")
+        await run_process(CAT, stdin="oh no, it's text")  # type: ignore[arg-type]
     pipe_stdin_error = (
         r"^stdin=subprocess\.PIPE is only valid with nursery\.start, since that's the only way to access "
         r"the pipe; use nursery\.start or pass the data you want to write directly$"
@@ -269,11 +269,11 @@ async def test_validation_runs_in_trios_order_with_trios_words() -> None:
     before the text options, those before the command's form; an unknown keyword in Popen's
     words; an empty command as Popen's IndexError."""
     with pytest.raises(ValueError, match=r"^can't specify both stdout and capture_stdout$"):
-        await run_process("true", capture_stdout=True, stdout=subprocess.DEVNULL, text=True)
+        await run_process("true", capture_stdout=True, stdout=subprocess.DEVNULL, text=True)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"the 'text' option is not supported$"):
-        await run_process("true", text=True)
+        await run_process("true", text=True)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"^Popen\.__init__\(\) got an unexpected keyword argument 'foo'$"):
-        await run_process(["true"], foo=1)
+        await run_process(["true"], foo=1)  # type: ignore[call-arg]
     with pytest.raises(IndexError, match=r"^list index out of range$"):
         await run_process([])
     with pytest.raises(IndexError, match=r"^tuple index out of range$"):
@@ -399,7 +399,7 @@ async def test_stderr_stdout() -> None:
 async def test_errors() -> None:
     """trio's test_errors: text options refused, and the shell/sequence mismatch (trio's messages)."""
     with pytest.raises(TypeError, match="the 'encoding' option is not supported"):
-        await run_process(["ls"], encoding="utf-8")
+        await run_process(["ls"], encoding="utf-8")  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="command must be a string or bytes"):
         await run_process(["ls"], shell=True)
     with pytest.raises(TypeError, match="command must be a sequence"):
@@ -537,7 +537,7 @@ async def test_deliver_cancel_is_gentler_but_never_leaves_the_tree() -> None:
 @pytest.mark.parametrize(
     ("given", "budget"), [({}, "budget 5s (grace)"), ({"grace": 0.5}, "budget 0.5s (grace)")]
 )
-async def test_the_cancel_window_is_trios_five_seconds(given: OwnedOptions, budget: str) -> None:
+async def test_the_cancel_window_is_trios_five_seconds(given: RunProcessOptions, budget: str) -> None:
     """trio waits 5 s between SIGTERM and SIGKILL on cancel; the drop-in's
     teardown gives the same grace unless told otherwise (run_owned's is 2 s)."""
     with trio.move_on_after(0.2):
@@ -567,8 +567,46 @@ async def test_completed_process_carries_the_receipt_without_changing_equality_o
     done = await run_process(EXIT_TRUE)
     assert isinstance(done, subprocess.CompletedProcess)
     assert repr(done) == f"CompletedProcess(args={EXIT_TRUE!r}, returncode=0)"
-    assert done.receipt.cause == "exited"  # type: ignore[attr-defined]
-    assert done.receipt.domain_empty  # type: ignore[attr-defined]
+    assert done.receipt.cause == "exited"
+    assert done.receipt.domain_empty
+
+
+async def test_the_receipt_is_typed_and_the_error_is_calledprocesserror() -> None:
+    """The result and the check error are subclasses that declare .receipt (a
+    strict type checker sees it; this module is type-checked), with the
+    fields, message, repr and pickling of subprocess's own classes."""
+    done = await run_process(EXIT_TRUE, capture_stdout=True)
+    assert isinstance(done, trio_procown.OwnedCompletedProcess)
+    assert repr(done) == repr(subprocess.CompletedProcess(EXIT_TRUE, 0, b""))
+    receipt: trio_procown.Receipt = done.receipt
+    assert receipt.returncode == 0
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        await run_process(EXIT_FALSE, capture_stderr=True)
+    error = info.value
+    assert isinstance(error, trio_procown.OwnedCalledProcessError)
+    plain = subprocess.CalledProcessError(1, EXIT_FALSE, output=None, stderr=b"")
+    assert (repr(error), str(error)) == (repr(plain), str(plain))
+    assert (error.returncode, error.cmd, error.stdout, error.stderr) == (1, EXIT_FALSE, None, b"")
+    assert error.receipt.returncode == 1
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), again.returncode, again.cmd) == (type(error), 1, EXIT_FALSE)
+    assert again.receipt == error.receipt
+
+
+async def test_a_deliver_cancel_written_for_trio_process_is_accepted() -> None:
+    """A callback annotated for trio.Process (code written against trio) is
+    called with the handle, a registered trio.Process; it type-checks too."""
+    seen: list[bool] = []
+
+    async def gentle(proc: trio.Process) -> None:
+        seen.append(isinstance(proc, trio.Process))
+        proc.terminate()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(run_process, SLEEP(9999), check=False, deliver_cancel=gentle))
+        await wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert seen == [True]
 
 
 @pytest.mark.parametrize(
@@ -590,7 +628,7 @@ async def test_options_that_would_drop_ownership_are_refused(options: dict[str, 
 async def test_owned_options_are_accepted() -> None:
     """trio_procown's own knobs (grace, domain, ...) pass through to the owned command."""
     done = await run_process(EXIT_TRUE, grace=0.5, kill_wait=0.5, domain="process-group")
-    assert done.receipt.domain == "process-group"  # type: ignore[attr-defined]
+    assert done.receipt.domain == "process-group"
     assert trio_procown.run_process is run_process
 
 
@@ -675,7 +713,7 @@ async def test_popen_defaults_spelled_out_are_accepted() -> None:
     """Code that spells out Popen's defaults (umask=-1, restore_signals=True,
     pass_fds=(), ...) runs; a value the owned spawn cannot honour is refused,
     saying why."""
-    done = await run_process(
+    done = await run_process(  # type: ignore[call-arg]
         EXIT_TRUE,
         umask=-1,
         restore_signals=True,
@@ -799,10 +837,10 @@ async def test_captured_output_is_kept_whole_as_trio_keeps_it() -> None:
     command = ["sh", "-c", f"head -c {size} /dev/zero", MARKER]
     done = await run_process(command, capture_stdout=True)
     assert len(done.stdout) == size
-    assert done.receipt.output == "complete"  # type: ignore[attr-defined]
+    assert done.receipt.output == "complete"
     bounded = await run_process(command, capture_stdout=True, max_output=1024)
     assert len(bounded.stdout) == 1024
-    assert bounded.receipt.output == "truncated"  # type: ignore[attr-defined]
+    assert bounded.receipt.output == "truncated"
 
 
 @pytest.mark.parametrize(

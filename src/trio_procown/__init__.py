@@ -52,7 +52,10 @@ if TYPE_CHECKING:
     from ._receipt import Receipt as Receipt
     from ._receipt import Step as Step
     from ._receipt import StreamRecord as StreamRecord
+    from ._run_process import OwnedCalledProcessError as OwnedCalledProcessError
+    from ._run_process import OwnedCompletedProcess as OwnedCompletedProcess
     from ._run_process import OwnedProcess as OwnedProcess
+    from ._run_process import RunProcessOptions as RunProcessOptions
     from ._run_process import run_process as run_process
     from ._service import Service as Service
     from ._service import ServiceOwner as ServiceOwner
@@ -101,7 +104,10 @@ _LAZY = {
     "ready_line": "_ready",
     "ready_port": "_ready",
     "ready_when": "_ready",
+    "OwnedCalledProcessError": "_run_process",
+    "OwnedCompletedProcess": "_run_process",
     "OwnedProcess": "_run_process",
+    "RunProcessOptions": "_run_process",
     "run_process": "_run_process",
     "Service": "_service",
     "ServiceOwner": "_service",
@@ -123,7 +129,9 @@ __all__ = [
     "HandoffReceipt",
     "LeakedProcess",
     "NoLeaks",
+    "OwnedCalledProcessError",
     "OwnedCommand",
+    "OwnedCompletedProcess",
     "OwnedProcess",
     "OwnedResult",
     "OwnerClosed",
@@ -131,6 +139,7 @@ __all__ = [
     "ProcessRecord",
     "ProcownError",
     "Receipt",
+    "RunProcessOptions",
     "Service",
     "ServiceError",
     "ServiceNotReady",

@@ -46,14 +46,20 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, Literal, final
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypedDict, cast, final
 
 import trio
 
 from ._budgets import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
-from ._receipt import signame
+from ._receipt import Receipt, signame
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._census import EscapeePolicy
+    from ._choice import DomainName
 from ._spawn import inheritable, normalize_command
 
 # Popen keywords that would give up ownership of the tree, and why. Each is
@@ -93,6 +99,66 @@ _DEFAULT_RECEIVE_SIZE = 65536
 # drop-in gives the command (and now its tree) the same, unless told otherwise.
 TRIO_CANCEL_GRACE = 5.0
 _OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal", "pass_fds")
+
+
+class _HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+_Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
+
+class RunProcessOptions(TypedDict, total=False):
+    """The keyword arguments of `run_process` besides its own: those
+    trio.run_process forwards to Popen on Unix (the same types; preexec_fn,
+    process_group, user, group, extra_groups, umask, restore_signals and
+    pipesize are refused at run time unless at Popen's default, see
+    docs/migrating.md), then trio_procown's."""
+
+    stdout: int | _HasFileno | None
+    stderr: int | _HasFileno | None
+    close_fds: bool
+    cwd: _Path | None
+    env: Mapping[str, str] | None
+    executable: _Path | None
+    preexec_fn: Callable[[], object] | None
+    restore_signals: bool
+    start_new_session: bool
+    pass_fds: Sequence[int]
+    group: str | int | None
+    extra_groups: Iterable[str | int] | None
+    user: str | int | None
+    umask: int
+    pipesize: int
+    process_group: int | None
+    grace: float
+    kill_wait: float
+    drain_wait: float
+    domain: DomainName
+    escapees: EscapeePolicy
+    max_output: int
+    first_signal: int
+
+
+class OwnedCompletedProcess(subprocess.CompletedProcess[bytes]):
+    """What `run_process` returns: a `subprocess.CompletedProcess` (same
+    fields, same repr) that also carries the owned command's receipt."""
+
+    receipt: Receipt
+
+    def __repr__(self) -> str:
+        return "CompletedProcess" + super().__repr__()[len(type(self).__name__) :]
+
+
+class OwnedCalledProcessError(subprocess.CalledProcessError):
+    """What `run_process` raises with ``check=True`` for a non-zero status:
+    a `subprocess.CalledProcessError` (same fields, message and repr) that
+    also carries the owned command's receipt."""
+
+    receipt: Receipt
+
+    def __repr__(self) -> str:
+        return "CalledProcessError" + super().__repr__()[len(type(self).__name__) :]
 
 
 @final
@@ -405,16 +471,19 @@ _ABSENT: Any = object()
 
 
 async def run_process(
-    command: str | bytes | os.PathLike[str] | Sequence[str | bytes | os.PathLike[str]],
+    command: _Path | Sequence[_Path],
     *,
-    stdin: bytes | bytearray | memoryview | int | Any | None = b"",
+    stdin: bytes | bytearray | memoryview | int | _HasFileno | None = b"",
+    shell: bool = False,
     capture_stdout: bool = False,
     capture_stderr: bool = False,
     check: bool = True,
-    deliver_cancel: Callable[[OwnedProcess], Awaitable[object]] | None = None,
+    deliver_cancel: Callable[[trio.Process], Awaitable[object]]
+    | Callable[[OwnedProcess], Awaitable[object]]
+    | None = None,
     task_status: trio.TaskStatus[OwnedProcess] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
-) -> subprocess.CompletedProcess[bytes]:
+    **popen_options: Unpack[RunProcessOptions],
+) -> OwnedCompletedProcess:
     """`trio.run_process`, owned: same arguments, results and errors, and
     every process the command starts ends before this returns or raises.
 
@@ -435,6 +504,7 @@ async def run_process(
         done = await trio_procown.run_process(["sh", "-c", "echo hi"], capture_stdout=True)
         print(done.returncode, done.stdout, done.receipt.domain_empty)
     """
+    options: dict[str, Any] = dict(popen_options)  # (checked below, as trio and Popen check them)
     if isinstance(stdin, str):
         msg = "process stdin must be bytes, not str"
         raise UnicodeError(msg)
@@ -461,7 +531,7 @@ async def run_process(
             msg = f"can't specify both {name} and capture_{name}"
             raise ValueError(msg)
     _check_text(options)
-    shell = bool(options.pop("shell", False))
+    shell = bool(shell)
     _check_command(command, shell)
     _check_options(options)
     _check_stdio(stdin, data=True)
@@ -551,7 +621,13 @@ async def run_process(
                 await run.wait()
             except BaseException:
                 if deliver_cancel is not None and run.poll() is None:
-                    await _deliver(run, handle, deliver_cancel, grace + kill_wait)
+                    # (a trio.Process callback gets our handle, a registered trio.Process)
+                    await _deliver(
+                        run,
+                        handle,
+                        cast(Callable[[OwnedProcess], Awaitable[object]], deliver_cancel),
+                        grace + kill_wait,
+                    )
                 raise
     except OSError as exc:
         if run is not None or not exc.errno or exc.strerror == os.strerror(exc.errno):
@@ -581,13 +657,15 @@ async def run_process(
             error = subprocess.SubprocessError(msg)
             error.receipt = receipt  # type: ignore[attr-defined]
             raise error
-        return subprocess.CompletedProcess(command, code, out, err)  # type: ignore[arg-type]
+        done = OwnedCompletedProcess(command, code, out, err)  # type: ignore[arg-type]
+        done.receipt = receipt
+        return done
     if code and check:
-        error = subprocess.CalledProcessError(code, command, output=out, stderr=err)
-        error.receipt = receipt  # type: ignore[attr-defined]
+        error = OwnedCalledProcessError(code, command, output=out, stderr=err)
+        error.receipt = receipt
         raise error
-    done = subprocess.CompletedProcess(command, code, out, err)
-    done.receipt = receipt  # type: ignore[attr-defined]
+    done = OwnedCompletedProcess(command, code, out, err)
+    done.receipt = receipt
     return done
 
 
