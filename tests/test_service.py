@@ -7,6 +7,7 @@ import os
 import shlex
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 import trio
@@ -341,3 +342,26 @@ async def test_handoff_after_a_stream_reached_eof() -> None:
         await run.hand_off(owner, reason="test")
     assert run.receipt is not None
     assert run.receipt.cause == "stopped"
+
+
+async def test_lines_follow_every_incarnation_until_the_service_ends(tmp_path: Path) -> None:
+    """Service.lines() reads each run's output in turn across restarts, and
+    ends once the service has ended and its last run's output is read."""
+    counter = tmp_path / "runs"
+    counter.write_text("0")
+    command = py(
+        f"import sys; n = int(open({str(counter)!r}).read()); open({str(counter)!r}, 'w').write(str(n + 1))\n"
+        "print('run', n, flush=True); print('more', n, flush=True); sys.exit(1)"
+    )
+    seen: list[str] = []
+    async with trio.open_nursery() as nursery, trio_procown.open_service_owner() as owner:
+        svc = await owner.start(command, restart="on-failure", max_restarts=2)
+
+        async def follow() -> None:
+            async for line in svc.lines():
+                seen.append(line)
+
+        nursery.start_soon(follow)
+        await svc.state.wait_value("exited")
+    assert seen == ["run 0\n", "more 0\n", "run 1\n", "more 1\n", "run 2\n", "more 2\n"]
+    assert len(svc.receipts) == 3

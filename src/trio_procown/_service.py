@@ -108,6 +108,48 @@ class Service:
         """The receipt of the last incarnation that ended."""
         return self.receipts[-1] if self.receipts else None
 
+    async def lines(
+        self,
+        name: Literal["stdout", "stderr"] = "stdout",
+        *,
+        encoding: str = "utf-8",
+        errors: str = "replace",
+    ) -> AsyncIterator[str]:
+        """Follow the service's output: each text line of every incarnation
+        in turn (a restart's run follows the one before), as
+        `OwnedCommand.lines` gives them, until the service has ended
+        (stopped, exited or failed) and its last run's output is read.
+
+        The lines end when the service does, that is at the latest when
+        its owner's block ends: read them in a task of a nursery that
+        encloses the owner's block (or cancel that task), not one inside
+        it, whose end would wait for the owner's.
+
+        Synopsis::
+
+            async with trio.open_nursery() as nursery:
+                async with trio_procown.open_service_owner() as owner:
+                    web = await owner.start(cmd, restart="on-failure")
+
+                    async def follow() -> None:
+                        async for line in web.lines():
+                            print("web:", line, end="")
+
+                    nursery.start_soon(follow)
+                    ...
+        """
+        seen: OwnedCommand | None = None
+        while True:
+            run = self.run
+            if run is not None and run is not seen:
+                seen = run
+                async for line in run.lines(name, encoding=encoding, errors=errors):
+                    yield line
+                continue
+            if self._finished.is_set():
+                return
+            await self.state.wait_transition()
+
     def __repr__(self) -> str:
         return f"<Service {self.name!r} pid={self.pid} state={self.state.value}>"
 
