@@ -117,6 +117,17 @@ def test_a_leader_never_seen_to_exit_is_not_said_to_have_ended() -> None:
     assert not says(r, "ended with")
 
 
+def test_the_kernels_evidence_names_the_privilege_that_escapes_it() -> None:
+    """A cgroup receipt (escape_evidence "kernel") says which privilege could still
+    leave the cgroup unseen; a census receipt keeps its own sentence instead."""
+    kernel = receipt(domain="cgroup", domain_id="/cg/x", escape_evidence="kernel")
+    assert says(kernel, "No process leaves the cgroup domain without the privilege to write a cgroup.procs")
+    assert not says(kernel, "seen only by the census")
+    census = receipt(escape_evidence="census")
+    assert says(census, "seen only by the census")
+    assert not says(census, "cgroup.procs")
+
+
 def test_placement_and_release_sentences() -> None:
     """The placement check and the release (done or NOT done) are said with their details."""
     placement = Step(0.0, A.SCAN, "placement", "placement FAILED: the leader runs outside", "not verified")

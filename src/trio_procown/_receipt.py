@@ -315,7 +315,13 @@ class Receipt:
                 "the environment cookie they inherit: a descendant that called setsid() and cleared its "
                 "environment is invisible to it and could still be running."
             )
-        elif self.escape_evidence != "kernel":
+        elif self.escape_evidence == "kernel":
+            out.append(
+                f"No process leaves the {self.domain} domain without the privilege to write a cgroup.procs "
+                "file (root's, or that of an owner the cgroup tree is delegated to, which its commands "
+                "share): one that had it, moved itself out and cleared its environment would not be seen."
+            )
+        else:
             out.append(
                 f"Processes that left the {self.domain} domain are known by {self.escape_evidence}, "
                 "not by the kernel: one it cannot see could still be running."
