@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 import trio_procown
 from conftest import MARKER, py
@@ -943,3 +944,40 @@ async def test_a_plain_run_makes_no_reference_cycles(domain: DomainName) -> None
         gc.enable()
     assert result.returncode == 0
     assert found == 0
+
+
+class _Boom(Exception):
+    pass
+
+
+async def test_a_leader_that_exited_before_the_body_raised_is_the_cause(domain: DomainName) -> None:
+    """The leader ends by itself while its supervisor waits for it, and the
+    body raises before the supervisor has run again: the cause is "exited"
+    (what ended the command), the teardown still ends what outlived the
+    leader, and the exception propagates unchanged."""
+    raised = _Boom()
+    go_read, go_write = os.pipe()
+    command = ["sh", "-c", "sleep 30 & echo pid $!; read go; exit 7", MARKER]
+    try:
+        with pytest.raises(_Boom) as info:
+            async with trio_procown.open_owned_command(
+                command, domain=domain, stdin=go_read, grace=1.0
+            ) as run:
+                async for line in run.lines():
+                    if line.startswith("pid "):
+                        break
+                await trio.testing.wait_all_tasks_blocked()  # the supervisor waits for the leader
+                os.write(go_write, b"go\n")
+                # Blocks the loop until the leader has exited, without reaping it: no task runs meanwhile.
+                os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOWAIT)
+                raise raised
+    finally:
+        os.close(go_read)
+        os.close(go_write)
+    assert info.value is raised
+    receipt = run.receipt
+    assert receipt is not None
+    assert (receipt.cause, receipt.returncode) == ("exited", 7), receipt.steps
+    (grandchild,) = pids_in(run.stdout)
+    assert not alive(grandchild)
+    assert [p.pid for p in receipt.leftovers] == [grandchild]

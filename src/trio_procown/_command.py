@@ -411,6 +411,14 @@ class OwnedCommand:
         stage's signal for this teardown, if it has not started yet."""
         if first_signal is not None and self._phase_now == "running":
             self._teardown.machine.graceful = graceful_signals(first_signal)
+        exited = self._phase_now == "running" and not self._relocating and self._leader.poll() is not None
+        if self._stop_cause is None and exited:
+            # The leader had ended by itself before the request, though its
+            # supervisor has not run since: the command exited (cause
+            # "exited"), whatever came after. Its wait ends now, and the
+            # teardown ends what outlived it, as for any exit.
+            _mass.wake_soon(self._wake)
+            return
         if self._stop_cause is None:
             self._stop_cause = cause
         if self._teardown.requested is None and self._phase_now == "running":
