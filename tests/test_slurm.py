@@ -153,6 +153,13 @@ def _time_option(domain: SlurmDomain) -> str:
     return next((o for o in options if o.startswith("--time=")), "")
 
 
+def test_extra_args_as_one_string_is_refused() -> None:
+    """A str is a sequence of characters: refused, not split into one option per character."""
+    with pytest.raises(TypeError, match="one string"):
+        SlurmDomain(extra_args="--mem=1G")
+    assert SlurmDomain(extra_args=["--mem=1G"]).extra_args == ("--mem=1G",)
+
+
 def test_time_limit_from_the_deadline() -> None:
     """The job's --time covers timeout plus the teardown budgets, in whole
     minutes rounded up; an explicit time_limit caps it."""
@@ -176,6 +183,9 @@ TREES = {
     "term-ignorer": (
         "if os.fork() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)\n"
     ),
+    # The task itself ignores SIGTERM: only the kill stage ends it (a SIGKILL
+    # to the whole job is a cancel to Slurm, with its own KillWait ladder).
+    "task-ignores-term": "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
     # A child that stops itself: SIGCONT lets it act on SIGTERM.
     "stopped": "if os.fork() == 0:\n    os.kill(os.getpid(), signal.SIGSTOP); time.sleep(300)\n",
     # A child that leaves the session (setsid) and forks again.
@@ -273,6 +283,14 @@ async def test_unknown_partition_is_refused(tag: str) -> None:
     """An unknown partition raises DomainUnavailable naming it; nothing queued."""
     with pytest.raises(trio_procown.DomainUnavailable, match=r"(?i)partition"):
         await trio_procown.run_owned(prog(tag, "pass"), domain=SlurmDomain(partition="no-such-partition"))
+    _nothing_queued(tag)
+
+
+async def test_a_rejected_option_is_named(tag: str) -> None:
+    """An option srun does not know is named in the refusal (srun's last
+    line only points to its help)."""
+    with pytest.raises(trio_procown.DomainUnavailable, match="no-such-option"):
+        await trio_procown.run_owned(prog(tag, "pass"), domain=SlurmDomain(extra_args=["--no-such-option"]))
     _nothing_queued(tag)
 
 

@@ -24,8 +24,10 @@
 #             docs/domains.md). A job still pending is cancelled (`scancel
 #             JOB`) and never starts; before the job is even registered,
 #             the signals go to srun's process group (srun then gives up).
-#   force     `scancel --signal=KILL JOB`, `scancel JOB` (the job ends in
-#             Slurm's books) and SIGKILL to srun's process group.
+#   force     `scancel --signal=KILL JOB.STEP` for each step (a SIGKILL
+#             to the whole job is a cancel to Slurm, with its own
+#             TERM-KillWait-KILL ladder), srun left to see the step end;
+#             SIGKILL to srun's process group if no job was ever seen.
 #   empty     srun has exited, the job is no longer pending, running or
 #             completing (`squeue`), and on this host no process Slurm
 #             tracks for it is alive (`scontrol listpids`).
@@ -154,8 +156,11 @@ async def acall(argv: Sequence[str], timeout: float | None = None) -> Answer:
 
 
 def _last_line(text: str) -> str:
+    """The last line that says something: srun ends an option's error with
+    a pointer to its help, after the line that names the option."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    said = [line for line in lines if not line.startswith('Try "srun --help"')]
+    return (said or lines or [""])[-1]
 
 
 def limit_minutes(seconds: float) -> int:
@@ -199,6 +204,9 @@ class SlurmDomain:
     name: ClassVar[str] = "slurm"
 
     def __post_init__(self) -> None:
+        if isinstance(self.extra_args, (str, bytes)):  # (a str is a sequence of characters)
+            msg = f"extra_args must be a sequence of options, not one string: {self.extra_args!r}"
+            raise TypeError(msg)
         object.__setattr__(self, "extra_args", tuple(self.extra_args))
         if self.partition is not None and not isinstance(self.partition, str):
             msg = f"partition must be a str or None, not {self.partition!r}"
@@ -531,17 +539,33 @@ class SlurmJobDomain(Domain):
 
     def force(self) -> Sent:
         # SIGKILL to the steps' processes, and srun left alive to see them
-        # end: the step then completes at once. Cancelling the job (or
-        # killing srun) here instead costs Slurm's own KillWait ladder
-        # before the job leaves COMPLETING. srun is killed when no job of
-        # ours was ever seen registered (srun still asking, or stuck); a job
-        # still listed at the release is cancelled there.
-        failed = [
-            self._fire(["scancel", "--quiet", self._by_name(), "--state=PENDING"], "scancel (pending)"),
-            self._fire(["scancel", "--quiet", "--signal=KILL", self._by_name()], "scancel --signal=KILL"),
-        ]
+        # end: the step then completes at once. Addressed to each step
+        # (JOB.STEP), not to the job: Slurm takes a SIGKILL for a whole job
+        # as a cancel and runs its own ladder (SIGTERM, KillWait, SIGKILL),
+        # so a task that ignores SIGTERM outlived kill_wait by KillWait
+        # (measured: 5.7 s with KillWait=2, every run; a step's SIGKILL
+        # ended it within 0.1 s). Cancelling the job (or killing srun)
+        # costs the same ladder before the job leaves COMPLETING. srun is
+        # killed when no job of ours was ever seen registered (srun still
+        # asking, or stuck); a job still listed at the release is cancelled
+        # there. Before the job's id is known, the job by its name.
+        pending = self._fire(["scancel", "--quiet", self._by_name(), "--state=PENDING"], "scancel (pending)")
+        if not self.job_id:
+            self.job_state(max_age=LISTPIDS_TTL)  # one lookup: the id addresses the steps
+        if self.job_id:
+            script = (
+                'for step in $(squeue --noheader --steps --jobs="$1" --format=%i); '
+                'do scancel --quiet --signal=KILL "$step"; done'
+            )
+            argv = ["/bin/sh", "-c", script, "sh", self.job_id]
+            kill = self._fire(argv, "scancel --signal=KILL (each step)")
+            how = "scancel --signal=KILL to each step; cancelled instead if still pending"
+        else:
+            by_name = ["scancel", "--quiet", "--signal=KILL", self._by_name()]
+            kill = self._fire(by_name, "scancel --signal=KILL")
+            how = "scancel --signal=KILL to the job, by its name; cancelled instead if still pending"
+        failed = [pending, kill]
         job = f"slurm job {self.job_id}" if self.job_id else f"the slurm job named {self.job_name}"
-        how = "scancel --signal=KILL; cancelled instead if still pending"
         parts = [f"SIGKILL to every step of {job} ({how})"]
         if not self.job_id and self._signal_srun((signal.SIGKILL,), failed):
             parts.append(f"SIGKILL to srun's process group {self.pgid} (no job was seen registered)")
