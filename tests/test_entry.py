@@ -96,6 +96,53 @@ def test_timeout_relays_an_interrupt_that_came_during_start_up(tmp_path: Path) -
     assert ["SIGINT", "SIGCONT"] in [step["signals"] for step in seen["steps"] if step["action"] == "signal"]
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-s", "USR1", "5", "cmd"], signal.SIGUSR1),
+        (["-vsusr2", "5", "cmd"], signal.SIGUSR2),
+        (["--sig=10", "5", "cmd"], 10),
+        (["-k", "1", "--signal", "SIGHUP", "5", "cmd"], signal.SIGHUP),
+        (["5", "-s", "USR1"], None),  # after the duration: the command's own argument
+        (["-s", "KILL", "5"], None),  # not catchable
+        (["-s", "RTMIN+1", "5"], None),  # left to the parser
+        (["-s"], None),
+    ],
+)
+def test_the_timeout_signal_is_read_before_the_parser(args: list[str], expected: int | None) -> None:
+    """timeout's -s signal, read from argv as GNU's getopt reads it (options before the
+    duration, abbreviations, clusters), so that it is held during start-up too."""
+    assert _entry.timeout_signal(args) == expected
+
+
+@pytest.mark.timeout(WAIT * 2)
+def test_timeout_relays_its_own_signal_that_came_during_start_up(tmp_path: Path) -> None:
+    """With -s USR1, a SIGUSR1 that came during start-up is relayed once the command
+    runs, as GNU timeout (which handles its -s signal) would have: the command dies of
+    it, and so does procown, without a traceback."""
+    _mark, command = _started(tmp_path)
+    receipt = tmp_path / "receipt.json"
+    args = ["-s", "USR1", "--receipt", str(receipt), "30", *command]
+    code = (
+        "import os, sys\n"
+        "from trio_procown import _entry\n"
+        f"sys.argv[1:] = {args!r}\n"
+        "_entry.hold(_entry.timeout_signal(sys.argv[1:]))\n"  # as the procown-timeout script
+        f"os.kill(os.getpid(), {int(signal.SIGUSR1)})\n"
+        "from trio_procown._timeout import main\n"
+        "from trio_procown._exit import run_and_exit\n"
+        "run_and_exit(main)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, MARKER], capture_output=True, timeout=WAIT, check=False
+    )
+    assert done.returncode == -signal.SIGUSR1, done.stderr
+    assert done.stderr == b""
+    seen = _receipt(receipt)
+    assert seen["returncode"] == -signal.SIGUSR1
+    assert ["SIGUSR1", "SIGCONT"] in [step["signals"] for step in seen["steps"] if step["action"] == "signal"]
+
+
 @pytest.mark.timeout(WAIT * 2)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_run_ends_on_a_signal_that_came_during_start_up(tmp_path: Path, signum: int) -> None:

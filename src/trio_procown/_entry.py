@@ -37,13 +37,58 @@ def _note(signum: int, _frame: object) -> None:
     _noted.append(signum)
 
 
-def hold() -> None:
-    """Note EARLY signals instead of acting on them, until release()."""
-    for signum in EARLY:
+def hold(extra: int | None = None) -> None:
+    """Note EARLY signals (and `extra`, timeout's -s signal) instead of
+    acting on them, until release()."""
+    for signum in (*EARLY, *(() if extra is None or extra in EARLY else (extra,))):
         try:
             _held[signum] = signal.signal(signum, _note)
-        except (OSError, ValueError):  # not the main thread: nothing is held
-            break
+        except (OSError, ValueError):  # not the main thread (nothing is held), or not catchable
+            if signum in EARLY:
+                break
+
+
+def timeout_signal(args: list[str]) -> int | None:
+    """The signal of GNU timeout's -s/--signal among `args` (its options,
+    before the duration), read before the parser is imported: GNU timeout
+    relays that signal too once its child runs. None when absent, or in a
+    form only the parser reads (a realtime name); never raises."""
+    value: str | None = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            break  # the duration: the options end
+        if arg.startswith("--"):
+            name, eq, given = arg[2:].partition("=")
+            takes = "signal".startswith(name) or "kill-after".startswith(name)
+            if takes and not eq:
+                i += 1
+                given = args[i] if i < len(args) else ""
+            if name and "signal".startswith(name):
+                value = given
+        else:
+            for j, letter in enumerate(arg[1:], 1):
+                if letter in "sk":
+                    rest = arg[j + 1 :]
+                    if not rest:
+                        i += 1
+                        rest = args[i] if i < len(args) else ""
+                    if letter == "s":
+                        value = rest
+                    break
+        i += 1
+    if not value:
+        return None
+    if value.isdigit():
+        number = int(value)
+    else:
+        name = value.upper()
+        found = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+        if not isinstance(found, int):
+            return None
+        number = int(found)
+    return number if 0 < number < signal.NSIG and number not in (signal.SIGKILL, signal.SIGSTOP) else None
 
 
 def release() -> list[int]:
@@ -59,7 +104,9 @@ def release() -> list[int]:
 
 def procown() -> None:
     """The `procown` console script."""
-    hold()
+    import sys
+
+    hold(timeout_signal(sys.argv[2:]) if sys.argv[1:2] == ["timeout"] else None)
     from ._cli import entry
 
     entry()
@@ -67,7 +114,9 @@ def procown() -> None:
 
 def procown_timeout() -> None:
     """The `procown-timeout` console script."""
-    hold()
+    import sys
+
+    hold(timeout_signal(sys.argv[1:]))
     from ._timeout import entry
 
     entry()
