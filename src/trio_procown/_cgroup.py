@@ -524,9 +524,13 @@ def retry_removals() -> None:
     """Remove the cgroups of `remove_later` that are empty now; keep those
     still populated for the next try, give up on any other refusal."""
     for path in list(_unremoved):
-        _, kept = remove_tree(path)
-        if not any(exc.errno == errno.EBUSY for _, exc in kept):
+        if not _populated_refusal(remove_tree(path)[1]):
             _unremoved.discard(path)
+
+
+def _populated_refusal(refused: list[tuple[str, OSError]]) -> bool:
+    """Was a removal refused because a cgroup was still populated (EBUSY)?"""
+    return any(exc.errno == errno.EBUSY for _, exc in refused)
 
 
 def remove_tree(path: str) -> tuple[list[str], list[tuple[str, OSError]]]:
@@ -897,7 +901,7 @@ class CgroupDomain(Domain):
         text = f"cgroup NOT removed: {', '.join(kept)}"
         if removed:
             text += f"; removed {', '.join(removed)}"
-        if any(exc.errno == errno.EBUSY for _, exc in refused):
+        if _populated_refusal(refused):
             remove_later(self.path)
             text += "; it is removed once empty, at this process's next cgroup command or its exit"
         return text

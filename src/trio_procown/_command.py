@@ -411,8 +411,12 @@ class OwnedCommand:
         stage's signal for this teardown, if it has not started yet."""
         if first_signal is not None and self._phase_now == "running":
             self._teardown.machine.graceful = graceful_signals(first_signal)
-        exited = self._phase_now == "running" and not self._relocating and self._leader.poll() is not None
-        if self._stop_cause is None and exited:
+        if (
+            self._stop_cause is None
+            and self._phase_now == "running"
+            and not self._relocating
+            and self._leader.poll() is not None  # (a system call: asked last, once)
+        ):
             # The leader had ended by itself before the request, though its
             # supervisor has not run since: the command exited (cause
             # "exited"), whatever came after. Its wait ends now, and the

@@ -47,7 +47,7 @@ import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypedDict, cast, final
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, cast, final
 
 import trio
 
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from ._census import EscapeePolicy
     from ._choice import DomainName
 from ._spawn import inheritable, normalize_command
+from ._stdin import HasFileno
 
 # Popen keywords that would give up ownership of the tree, and why. Each is
 # accepted at its Popen default (what code spelling out the defaults passes),
@@ -101,10 +102,6 @@ TRIO_CANCEL_GRACE = 5.0
 _OWNED = ("grace", "kill_wait", "drain_wait", "domain", "escapees", "max_output", "first_signal", "pass_fds")
 
 
-class _HasFileno(Protocol):
-    def fileno(self) -> int: ...
-
-
 _Path = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 
@@ -115,8 +112,8 @@ class RunProcessOptions(TypedDict, total=False):
     pipesize are refused at run time unless at Popen's default, see
     docs/migrating.md), then trio_procown's."""
 
-    stdout: int | _HasFileno | None
-    stderr: int | _HasFileno | None
+    stdout: int | HasFileno | None
+    stderr: int | HasFileno | None
     close_fds: bool
     cwd: _Path | None
     env: Mapping[str, str] | None
@@ -473,7 +470,7 @@ _ABSENT: Any = object()
 async def run_process(
     command: _Path | Sequence[_Path],
     *,
-    stdin: bytes | bytearray | memoryview | int | _HasFileno | None = b"",
+    stdin: bytes | bytearray | memoryview | int | HasFileno | None = b"",
     shell: bool = False,
     capture_stdout: bool = False,
     capture_stderr: bool = False,
@@ -649,22 +646,19 @@ async def run_process(
     code = receipt.returncode
     out = run.stdout if capture_stdout else None
     err = run.stderr if capture_stderr else None
-    if code is None:
+    if code is None and check:
         # It outlived its bounded teardown (a process we may not signal):
         # there is no status to report, and the receipt says why.
-        if check:
-            msg = f"{command!r} did not exit within its teardown; see .receipt"
-            error = subprocess.SubprocessError(msg)
-            error.receipt = receipt  # type: ignore[attr-defined]
-            raise error
-        done = OwnedCompletedProcess(command, code, out, err)  # type: ignore[arg-type]
-        done.receipt = receipt
-        return done
+        msg = f"{command!r} did not exit within its teardown; see .receipt"
+        error = subprocess.SubprocessError(msg)
+        error.receipt = receipt  # type: ignore[attr-defined]
+        raise error
     if code and check:
         error = OwnedCalledProcessError(code, command, output=out, stderr=err)
         error.receipt = receipt
         raise error
-    done = OwnedCompletedProcess(command, code, out, err)
+    # (code is None for a command that outlived its teardown, without check: no status)
+    done = OwnedCompletedProcess(command, code, out, err)  # type: ignore[arg-type]
     done.receipt = receipt
     return done
 

@@ -180,6 +180,17 @@ class _State:
             keep = bool(marker.kwargs.get("keep", keep))
         return mode, keep
 
+    def still_running(self, test: _TestWatch, leaks: list[LeakedProcess], owner: str) -> list[LeakedProcess]:
+        """Remember the processes a test left running on purpose, so that the
+        session's window does not blame them on the session: those of a test
+        marked off (returned as nothing to report) and kept ones (returned)."""
+        if test.mode == "off":
+            self.exempt.update((leak.pid, (leak.start_key, owner)) for leak in leaks)
+            return []
+        if test.keep:
+            self.reported.update((leak.pid, leak.start_key) for leak in leaks)
+        return leaks
+
     def spare(self, found: list[int]) -> dict[int, str]:
         """Processes a test's window must not blame on the test, of those
         it `found` alive and those they may have started: pid -> what they
@@ -365,11 +376,8 @@ def pytest_sessionfinish(session: pytest.Session) -> Generator[None, object, obj
         test.watch.close()
         leaks = test.watch.sweep(test.keep, spare=state.spare)
         test.watch.release()
-        if test.mode == "off":
-            state.exempt.update((leak.pid, (leak.start_key, test.watch.owner)) for leak in leaks)
-        elif leaks:
-            if test.keep:
-                state.reported.update((leak.pid, leak.start_key) for leak in leaks)
+        leaks = state.still_running(test, leaks, test.watch.owner)
+        if leaks:
             lines.append(format_leaks(test.watch.owner, leaks, test.watch.mechanism()))
     red = bool(lines)
     if state.session is None:
@@ -513,12 +521,8 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
         ]
         if running:
             item.user_properties.append((_RUNNING, json.dumps(running)))
-    if test.mode == "off":
-        state.exempt.update((leak.pid, (leak.start_key, item.nodeid)) for leak in leaks)
-        leaks = []
+    leaks = state.still_running(test, leaks, item.nodeid)
     if leaks:
-        if test.keep:
-            state.reported.update((leak.pid, leak.start_key) for leak in leaks)
         from ._leaks import format_leaks
 
         item.user_properties.append(("procown_leaks", json.dumps([leak.to_dict() for leak in leaks])))
