@@ -902,3 +902,27 @@ async def test_a_custom_deliver_cancel_gets_no_warning() -> None:
     assert [w for w in caught if issubclass(w.category, RuntimeWarning)] == []
     assert proc.run.receipt is not None
     assert proc.run.receipt.returncode == -signal.SIGKILL
+
+
+def test_no_encoding_warning_under_warn_default_encoding() -> None:
+    """As trio's own test of run_process: a program run with ``-X
+    warn_default_encoding -W error::EncodingWarning`` runs commands through
+    us, on every domain and through the drop-in, without an EncodingWarning
+    (the cgroup mount was read with the locale's default encoding)."""
+    code = (
+        "import sys, trio, trio_procown\n"
+        "async def main():\n"
+        "    for d in sys.argv[2:]:\n"
+        "        await trio_procown.run_owned([sys.executable, '-c', '', sys.argv[1]], domain=d)\n"
+        "    await trio_procown.run_process([sys.executable, '-c', '', sys.argv[1]])\n"
+        "trio.run(main)\n"
+    )
+    domains = [d.name for d in trio_procown.available_domains() if d.available]
+    done = subprocess.run(
+        [sys.executable, "-X", "warn_default_encoding", "-W", "error::EncodingWarning", "-c", code, MARKER]
+        + domains,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")

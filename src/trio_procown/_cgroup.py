@@ -56,7 +56,7 @@ _counter = itertools.count()
 def cgroup2_mount() -> str | None:
     """The first cgroup2 mount point, from /proc/self/mountinfo (cached)."""
     try:
-        with open("/proc/self/mountinfo") as f:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 left, _, right = line.partition(" - ")
                 if right.split(" ", 1)[0] == "cgroup2":
@@ -69,7 +69,7 @@ def cgroup2_mount() -> str | None:
 def mount_options() -> set[str]:
     """The super-block options of the cgroup2 mount (e.g. favordynmods)."""
     try:
-        with open("/proc/self/mountinfo") as f:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 _, _, right = line.partition(" - ")
                 parts = right.split()

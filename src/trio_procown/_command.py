@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict, Unpack, final
 import outcome
 import trio
 
-from . import _cloner, _mass
+from . import _clock, _cloner, _mass
 from ._budgets import DEFAULT_DRAIN_WAIT, DEFAULT_GRACE, DEFAULT_KILL_WAIT
 from ._census import EscapeePolicy
 from ._choice import DomainName, bind_domain
@@ -182,7 +182,9 @@ class OwnedCommand:
 
     @property
     def started_at(self) -> float:
-        """``trio.current_time()`` at the spawn; receipt step times count from it."""
+        """``trio.current_time()`` at the spawn; receipt step times count from
+        it (under a test's clock, such as trio.testing.MockClock, they are
+        real seconds from the spawn: the teardown's bounds are real time)."""
         return self._spawned.started
 
     @property
@@ -427,7 +429,7 @@ class OwnedCommand:
             self._stop_cause = cause
         if self._teardown.requested is None and self._phase_now == "running":
             # The teardown's bound counts from now, however late its task runs.
-            self._teardown.ask(trio.current_time())
+            self._teardown.ask(_clock.now())
         _mass.wake_soon(self._wake)
 
     def _wake(self) -> None:
@@ -464,7 +466,7 @@ class OwnedCommand:
         interrupted: KeyboardInterrupt | None = None
         if self._done.is_set() or self.handoff is not None:
             return interrupted
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.teardown_bound):
+        with _clock.after(self.teardown_bound, shield=True):
             while not self._done.is_set() and self.handoff is None:
                 try:
                     await self._done.wait()
@@ -525,7 +527,10 @@ class OwnedCommand:
             if self._stop_cause is None and teardown.requested is None:
                 # Our own deadline: the teardown counts from it, not from
                 # when this task got to run.
-                teardown.requested = min(self._deadline, trio.current_time())
+                if _clock.is_real():
+                    teardown.requested = min(self._deadline, trio.current_time())
+                else:  # a test's clock: its time is not the teardown's (_clock.py)
+                    teardown.requested = _clock.now()
             teardown.step(Action.STOP, "leader", cause, at=teardown.requested)
             teardown.machine.handle(Event.STOP, cause=cause)
         self._set_phase("tearing down")

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import trio
 
-from . import _pidfd, _procfs
+from . import _clock, _pidfd, _procfs
 from ._errors import DomainUnavailable as DomainUnavailable
 from ._leader import Leader
 from ._procfs import ProcessTable, ProcInfo
@@ -381,7 +381,7 @@ async def wait_for_processes(procs: Sequence[ProcInfo], verify: Callable[[ProcIn
             # domain while we wait (setsid in its SIGTERM handler, say) is
             # no longer the domain's to wait for; the census takes it over.
             while not _pidfd.exited(fd) and verify(info):
-                with trio.move_on_after(RECHECK_INTERVAL):
+                with _clock.after(RECHECK_INTERVAL):
                     await _pidfd.wait_exited(fd)
         finally:
             _pidfd.close(fd)

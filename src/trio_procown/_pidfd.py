@@ -26,6 +26,8 @@ from collections.abc import Callable, Collection
 
 import trio
 
+from . import _clock
+
 HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
 
 # Polling interval bounds for platforms without pidfds.
@@ -135,5 +137,5 @@ async def poll_until(predicate: Callable[[], bool]) -> None:
     """
     delay = _POLL_FIRST
     while not predicate():
-        await trio.sleep(delay)
+        await _clock.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)

@@ -86,7 +86,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from . import _mass
+from . import _clock, _mass
 
 # psutil is imported where it is used: only off Linux.
 
@@ -726,7 +726,7 @@ class ProcessTable:
 
     def __init__(self, rows: list[ProcInfo], started: float = -math.inf) -> None:
         self.rows = rows if isinstance(rows, Rows) else Rows(rows)
-        self.started = started  # trio time when the scan began (-inf: unknown)
+        self.started = started  # teardown time (_clock.py) when the scan began (-inf: unknown)
         self._cookies: dict[bytes, _CookieIndex] = {}
 
     def _index(self, key: bytes) -> _CookieIndex:
@@ -912,12 +912,12 @@ GATHER_QUIET = 0.03
 async def _gather(this: _Round) -> None:
     from . import _signaller
 
-    began = joined_at = trio.current_time()
+    began = joined_at = _clock.now()
     joined = len(this.waiting)
     while _mass.in_burst():
         if len(this.waiting) >= _mass.expected():
             return
-        now = trio.current_time()
+        now = _clock.now()
         if len(this.waiting) != joined:
             joined, joined_at = len(this.waiting), now
         waited = now - began
@@ -991,7 +991,7 @@ class _Coalescer:
             await _gather(this)
             self._next = None
             self._running = this
-            began = trio.current_time()
+            began = _clock.now()
             table = await self._native(this, began)
             if table is None:
                 table = ProcessTable(await _snapshot_in_slices(self._urgent), began)
@@ -1061,7 +1061,7 @@ def _coalescer() -> _Coalescer:
 def table_since(mark: PidMark | None, not_before: float) -> ProcessTable:
     """A table for the command spawned after `mark`, without waiting: the
     newest shared full table if its scan began at or after `not_before`
-    (trio time: when the question was asked), else a scan made now. For
+    (teardown time: when the question was asked), else a scan made now. For
     teardowns past their deadline: many of them at once then share one
     scan instead of each reading the whole process table."""
     coalescer = _coalescer()
@@ -1071,7 +1071,7 @@ def table_since(mark: PidMark | None, not_before: float) -> ProcessTable:
     ranges = None if surely_wide(mark) else ranges_since(mark)
     if ranges is not None and width(ranges) <= DIRECT_PROBE_MAX:
         return ProcessTable(_snapshot(ranges, census=True))
-    began = trio.current_time()
+    began = _clock.now()
     table = coalescer.latest = ProcessTable(_snapshot(None), began)
     return table
 

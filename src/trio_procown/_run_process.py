@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, cast, final
 
 import trio
 
+from . import _clock
 from ._budgets import DEFAULT_DRAIN_WAIT, DEFAULT_KILL_WAIT
 from ._command import CAPTURE, DEVNULL, INHERIT, STDOUT, OwnedCommand, Target, open_owned_command
 from ._receipt import Receipt, signame
@@ -690,7 +691,7 @@ async def _deliver(
     """Call the caller's deliver_cancel, shielded, until the direct process
     exits or `bound` passes; the owned teardown follows either way."""
     run.begin_stop("cancelled", f"deliver_cancel ({getattr(deliver_cancel, '__name__', 'custom')}) called")
-    with trio.CancelScope(shield=True, deadline=trio.current_time() + bound):
+    with _clock.after(bound, shield=True):
         async with trio.open_nursery() as nursery:
 
             async def deliver() -> None:

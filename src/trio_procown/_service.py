@@ -36,6 +36,7 @@ from typing import Literal, Unpack, final
 import trio
 from trio_util import AsyncValue
 
+from . import _clock
 from ._command import (
     OwnedCommand,
     OwnedOptions,
@@ -396,7 +397,7 @@ async def open_service_owner(name: str = "service owner") -> AsyncIterator[Servi
                     svc.state.value = "stopping"
                     svc.run.request_stop(cause)
             budget = max((s.run.teardown_bound for s in owner.services if s.run is not None), default=0.0)
-            with trio.move_on_after(budget):
+            with _clock.after(budget):
                 for svc in owner.services:
                     await svc._finished.wait()
             nursery.cancel_scope.cancel()

@@ -64,7 +64,7 @@ from typing import ClassVar
 
 import trio
 
-from . import _procfs
+from . import _clock, _procfs
 from ._domain import Domain, Sent, describe_error, killpg_owned, own_group, signal_names
 from ._errors import DomainUnavailable
 from ._leader import Leader
@@ -144,7 +144,7 @@ async def acall(argv: Sequence[str], timeout: float | None = None) -> Answer:
     """Run a Slurm command from Trio, bounded by `timeout` (default
     CALL_TIMEOUT; the process is killed and reaped when it expires)."""
     timeout = CALL_TIMEOUT if timeout is None else timeout
-    with trio.move_on_after(timeout):
+    with _clock.after(timeout):
         try:
             done = await trio.run_process(
                 list(argv), capture_stdout=True, capture_stderr=True, check=False, deliver_cancel=_kill
@@ -587,7 +587,7 @@ class SlurmJobDomain(Domain):
         while True:
             # srun exits when the step ends; the job may still be listed as
             # completing for a moment after.
-            with trio.move_on_after(POLL_INTERVAL * 5):
+            with _clock.after(POLL_INTERVAL * 5):
                 await self.leader.wait()
             self._collect()
             if self.leader.alive:
@@ -600,7 +600,7 @@ class SlurmJobDomain(Domain):
                     if not self._evidence:
                         self._evidence = await self._afinal_word()
                     return table
-            await trio.sleep(POLL_INTERVAL)
+            await _clock.sleep(POLL_INTERVAL)
 
     # -- receipt evidence -----------------------------------------------------
     def read_failures(self) -> list[str]:

@@ -25,7 +25,7 @@ from typing import NoReturn, TypeAlias
 import outcome
 import trio
 
-from . import _keeper, _procfs
+from . import _clock, _keeper, _procfs
 from ._budgets import DEFAULT_GRACE
 from ._census import COOKIE_VAR, Census, EscapeePolicy
 from ._choice import DomainName, make_domain
@@ -369,6 +369,7 @@ class Spawned:
     domain: Domain
     census: Census
     started: float  # trio.current_time() of the spawn
+    origin: float  # teardown time of the spawn (_clock.py): the receipt's times count from it
     drains: dict[str, Drain] = field(default_factory=dict)
     feeder: Feeder | None = None
     targets: dict[str, str] = field(default_factory=dict)  # where each uncaptured stream goes
@@ -466,6 +467,7 @@ def spawn_steps(
             guard.close()
             raise
         started = trio.current_time()
+        origin = started if _clock.is_real() else _clock.now()
         try:
             own_domain.attach(leader, started)
             # Made now, not before the spawn: the command is already running.
@@ -487,7 +489,7 @@ def spawn_steps(
             os.close(fd)
     told.leader, told.start = leader.pid, leader.start
     _keeper.attached(guard, told)
-    return argv, Spawned(leader, own_domain, census, started, drains, feeder, targets, guard)
+    return argv, Spawned(leader, own_domain, census, started, origin, drains, feeder, targets, guard)
 
 
 def _open_target(target: str | os.PathLike[str]) -> int:

@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import trio
 
-from . import _mass, _procfs, _signaller, _stale
+from . import _clock, _mass, _procfs, _signaller, _stale
 from ._census import COOKIE_KEY
 from ._domain import Sent, describe_error, signal_names, unchanged
 from ._escalation import Do, Escalation, Event, State
@@ -135,10 +135,11 @@ class Teardown:
         # action, its second stage, when it was queued (trio time) and its
         # signals.
         self._early: tuple[_signaller.Job[Sent], Callable[[Sent], Sent], float, tuple[int, ...]] | None = None
-        self._deadline = math.inf  # the teardown's own (trio time), once run() has begun
-        # The run's clock, read directly: trio.current_time() is three
-        # Python calls, and every step reads it.
-        self._now = trio.lowlevel.current_clock().current_time
+        self._deadline = math.inf  # the teardown's own (teardown time, _clock.py), once run() has begun
+        # Teardown time, read directly (under the system clock the run's
+        # clock: trio.current_time() is three Python calls, and every step
+        # reads it).
+        self._now = _clock.now_function()
 
     @property
     def budget(self) -> float:
@@ -154,14 +155,14 @@ class Teardown:
         signals: tuple[str, ...] = (),
         at: float | None = None,
     ) -> Step:
-        """Record a step, at `at` (trio time) if given, else now."""
+        """Record a step, at `at` (teardown time) if given, else now."""
         when = self._now() if at is None else at
-        step = Step(when - self.spawned.started, action, target, detail, outcome, signals)
+        step = Step(when - self.spawned.origin, action, target, detail, outcome, signals)
         self.steps.append(step)
         return step
 
     def _lived(self) -> float:
-        return self._now() - self.spawned.started
+        return self._now() - self.spawned.origin
 
     async def _table(self) -> ProcessTable:
         # The census will ask about our cookie in processes started since
@@ -175,7 +176,7 @@ class Teardown:
         return _procfs.table_since(self._leader.mark, self._asked)
 
     def ask(self, when: float) -> None:
-        """The owner asks for the stop at `when` (trio time): the bound
+        """The owner asks for the stop at `when` (teardown time): the bound
         counts from then, and the stop counts towards a burst (_mass.py)
         before this teardown's task gets to run."""
         self.requested = when
@@ -201,7 +202,7 @@ class Teardown:
             job = _signaller.submit(first)
         except RuntimeError:  # no thread can be started: the teardown signals as usual
             return
-        self._early = (job, then, trio.current_time(), sigs)
+        self._early = (job, then, self._now(), sigs)
 
     @property
     def signalled_early(self) -> bool:
@@ -242,19 +243,19 @@ class Teardown:
             self.spawned.feeder.scope.cancel()
         # The bound counts from the stop request when there was one: the
         # delay before this task ran is part of the teardown's time.
-        now = trio.current_time()
+        now = self._now()
         deadline = (now if self.requested is None else min(self.requested, now)) + self.budget
         self._deadline = deadline
         if deadline > now:  # else the loop was starved past the whole bound: straight to the fallback
-            with trio.CancelScope(deadline=deadline, shield=True):
+            with _clock.scope(deadline, shield=True):
                 await self._run()
         try:
             if self.receipt is None:
                 # The loop was starved past the teardown's deadline, or an
                 # action failed while writing the receipt.
-                self._asked = min(deadline, trio.current_time())
-                cut = trio.current_time() + CUT_SHORT_WAIT + CUT_SHORT_SCAN
-                with trio.CancelScope(deadline=cut, shield=True):
+                self._asked = min(deadline, self._now())
+                cut = self._now() + CUT_SHORT_WAIT + CUT_SHORT_SCAN
+                with _clock.scope(cut, shield=True):
                     await self._cut_short()
                 if self.receipt is None:
                     self._finish(self._table_since_asked())
@@ -368,7 +369,7 @@ class Teardown:
             # mostly at their end already; see so now, not a turn later.
             pending = [drain for drain in self._drains.values() if not drain.take_eof()]
             if pending:
-                with trio.move_on_after(budget) as scope:
+                with _clock.after(budget) as scope:
                     for drain in pending:
                         if not drain.done.is_set():  # (set meanwhile: no turn of the loop for it)
                             await drain.done.wait()
@@ -410,7 +411,7 @@ class Teardown:
         and none queued for the thread, it is sent from the loop at once.
         `then` (the action's second stage, see Domain.graceful_stages) runs
         on the loop once `act` is done, unless the deadline passed."""
-        submitted = trio.current_time()
+        submitted = self._now()
         if _mass.under_way() <= _mass.INLINE_MAX and not _signaller.pending():
             self.signal_step("domain", then(act()), sigs)
             return
@@ -443,7 +444,7 @@ class Teardown:
                     _names(sigs),
                 )
                 raise
-            with trio.CancelScope(deadline=trio.current_time() + IN_FLIGHT_WAIT, shield=True):
+            with _clock.after(IN_FLIGHT_WAIT, shield=True):
                 await job.done.wait()
             if job.done.is_set() and job.error is not None:
                 error = job.error
@@ -474,9 +475,9 @@ class Teardown:
         if job.error is not None:
             raise job.error  # an unforeseen failure: _run records it as an error step
         assert job.result is not None
-        # Stamped when the worker began sending, in trio time (never before
-        # the request: the clock may be a test's).
-        at = max(submitted, trio.current_time() - (time.perf_counter() - job.started))
+        # Stamped when the worker began sending, in teardown time (never
+        # before the request).
+        at = max(submitted, self._now() - (time.perf_counter() - job.started))
         self.signal_step("domain", then(job.result), sigs, at=at)
 
     def _signalling(self) -> bool:
@@ -527,7 +528,7 @@ class Teardown:
         owned = escapees if self.machine.signals_escapees else []
         self._final_table = None
         cut = False  # the teardown's deadline passed while a census table was awaited
-        with trio.move_on_after(budget) as scope:
+        with _clock.after(budget) as scope:
             if proof is None:
                 proof = await self._domain.wait_empty(hint)
             while True:
@@ -588,7 +589,7 @@ class Teardown:
         """A table for a stage's census, awaited within the teardown's own
         deadline, not the stage's budget (the scan is ours); None if that
         deadline passed first."""
-        with trio.CancelScope(deadline=self._deadline, shield=True) as bound:
+        with _clock.scope(self._deadline, shield=True) as bound:
             table = await self._table()
         return None if bound.cancelled_caught else table
 
@@ -623,7 +624,8 @@ class Teardown:
                 escapees = self._census.scan(self._domain, table)
                 if escapees:
                     self._signal_escapees(escapees, _FORCE)
-        with trio.move_on_after(CUT_SHORT_WAIT) as scope:
+        waited_until = self._now() + CUT_SHORT_WAIT
+        with _clock.scope(waited_until) as scope:
             try:
                 await self._domain.wait_empty()
             except Exception as exc:
@@ -633,7 +635,7 @@ class Teardown:
         self.step(Action.WAIT, "domain", f"budget {CUT_SHORT_WAIT:g}s (after the deadline)", outcome)
         # The receipt's scan must begin after this wait ended (or expired):
         # a shared one, while this scope lasts; else see run().
-        self._asked = scope.deadline if scope.cancelled_caught else trio.current_time()
+        self._asked = waited_until if scope.cancelled_caught else self._now()
         self._finish(await self._table())
 
     def _finish(self, table: ProcessTable | None = None) -> None:
