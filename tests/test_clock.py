@@ -109,7 +109,9 @@ async def test_a_bound_under_the_system_clock_is_a_plain_deadline() -> None:
     assert _clock.now_function() == trio.lowlevel.current_clock().current_time
 
 
-async def test_a_bound_under_a_test_clock_ends_at_the_real_instant(mock_clock: trio.testing.MockClock) -> None:
+async def test_a_bound_under_a_test_clock_ends_at_the_real_instant(
+    mock_clock: trio.testing.MockClock,
+) -> None:
     """Under a test's clock a bound has no trio deadline (the clock could
     jump over it or never reach it) and is cancelled at its real instant."""
     assert not _clock.is_real()

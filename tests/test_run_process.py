@@ -918,9 +918,9 @@ def test_no_encoding_warning_under_warn_default_encoding() -> None:
         "trio.run(main)\n"
     )
     domains = [d.name for d in trio_procown.available_domains() if d.available]
+    strict = ["-X", "warn_default_encoding", "-W", "error::EncodingWarning"]
     done = subprocess.run(
-        [sys.executable, "-X", "warn_default_encoding", "-W", "error::EncodingWarning", "-c", code, MARKER]
-        + domains,
+        [sys.executable, *strict, "-c", code, MARKER, *domains],
         capture_output=True,
         timeout=60,
         check=False,
