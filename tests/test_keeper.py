@@ -507,6 +507,32 @@ async def test_keeper_holds_nothing_of_the_owner() -> None:
     assert {e.split(b"=")[0].decode() for e in env.split(b"\0") if e} <= set(_keeper.KEPT_ENV)
 
 
+def _ignored(pid: int) -> set[int]:
+    """The signals `pid` ignores, from its SigIgn mask."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+async def test_keeper_ignores_every_signal_an_enclosing_teardown_may_begin_with() -> None:
+    """An enclosing owner signals its whole domain, the keeper with it, with its own first signal
+    (GNU-style `timeout -s ALRM` around a nested procown ended the nested keeper): the keeper
+    ignores each signal whose default ends a process and that another process sends, and keeps
+    the defaults of its own faults."""
+    await trio_procown.run_owned(["true"])
+    pid = _keeper.current_pid()
+    await _set_up(pid)
+    ignored = _ignored(pid)
+    sent: set[int] = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1}
+    sent |= {signal.SIGUSR2, signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGPOLL, signal.SIGPWR}
+    sent |= set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+    assert sent <= ignored
+    faults = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGSYS}
+    assert not faults & ignored
+
+
 def _wakeups(pid: int) -> int:
     """How many times `pid` has gone to sleep and been woken (voluntary context switches)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -12,8 +12,8 @@
 # it), with cwd "/", stdout and stderr on /dev/null (it never holds the
 # owner's pipes or terminal), a minimal environment (the census and leak
 # check cookies, so enclosing owners still see it, and nothing else), and
-# SIGINT, SIGTERM, SIGHUP ignored: only the end of its owner, or SIGKILL,
-# ends it.
+# every signal another process may end it with ignored (IGNORED_SIGNALS):
+# only the end of its owner, or SIGKILL, ends it.
 #
 # Its stdin is the read end of a pipe whose only writer is the owner, and its
 # fd 3 the read end of a second one, the bell. Both write ends are
@@ -525,11 +525,40 @@ def _bell() -> bool:
     return True
 
 
+# The signals the keeper ignores: every one whose default action ends a
+# process and that comes from another process on purpose. An enclosing
+# owner's teardown signals its whole domain, the keeper with it, with its
+# own first signal, whichever that is: `procown timeout -s ALRM` around a
+# nested procown ended the nested one's keeper with SIGALRM before the
+# nested teardown was over. A fault of its own (SEGV, BUS, FPE, ILL, ABRT,
+# TRAP, SYS) keeps its default; SIGKILL cannot be ignored.
+IGNORED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGTERM",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGPOLL",
+        "SIGPWR",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGSTKFLT",
+    )
+    if hasattr(signal, name)
+) + tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+
+
 def serve(owner: int) -> int:
     """The keeper's life: wait for the owner's bell or its end, reading its
     lines each time; once it is gone, end every domain still open."""
     os.chdir("/")
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     try:
         os.closerange(BELL + 1, os.sysconf("SC_OPEN_MAX"))  # nothing of the owner's stays open here
