@@ -316,7 +316,13 @@ def test_verbose_lines_are_gnus(args: list[str], locale: str, tmp_path: Path) ->
 def test_error_messages_are_gnus(tmp_path: Path) -> None:
     """Usage errors and failures to run read as GNU's (procown's name, its --help)."""
     env = {**os.environ, "LC_ALL": "C.UTF-8"}
-    for args in (["invalid", "true"], ["-s", "99", "1", "true"], ["--bogus", "1", "true"], ["10", "."]):
+    cases = [["invalid", "true"], ["-s", "99", "1", "true"], ["--bogus", "1", "true"], ["10", "."]]
+    # GNU's own tests' cases (coreutils tests/timeout): no command, an
+    # ambiguous prefix (glibc lists what it could be), a long option that
+    # is a digit, a short option that is a dash, a flag given a value.
+    cases += [[], ["5"], ["--v", ".1", "sleep", "0"], ["--ver"], ["--v=3", "1", "true"], ["--1", "sh"]]
+    cases += [["-v-", "1", "true"], ["--fore=x", "1", "true"], ["-k"], ["--kill"], ["--s", "1", "true"]]
+    for args in cases:
         theirs, ours = both(args, cwd=tmp_path, env=env)
         expected = theirs.stderr.replace(b"'timeout --help'", b"'procown timeout --help'")
         assert as_gnu(ours.stderr) == expected, args

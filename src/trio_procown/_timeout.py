@@ -342,16 +342,21 @@ _LONG = ["kill-after=", "signal=", "verbose", "foreground", "preserve-status", "
 _LONG += ["help", "version"]
 
 
-def _getopt_message(exc: getopt.GetoptError) -> str:
-    """GNU getopt's wording for what Python's getopt refused."""
+def _getopt_message(exc: getopt.GetoptError, argv: Sequence[str]) -> str:
+    """GNU getopt's wording for what Python's getopt refused (`argv`: the
+    arguments it was given)."""
     opt = exc.opt
-    long = len(opt) > 1
+    long = exc.msg.startswith(f"option --{opt} ")  # (a short option's reads "option -X ...")
     if "requires argument" in exc.msg:
         return f"option '--{opt}' requires an argument" if long else f"option requires an argument -- '{opt}'"
     if "must not have an argument" in exc.msg:
         return f"option '--{opt}' doesn't allow an argument"
     if "not a unique prefix" in exc.msg:
-        return f"option '--{opt}' is ambiguous"
+        # As glibc: the argument as written (with its "=value"), then every
+        # long option it could be, in their table's order.
+        written = next((a for a in argv if a.startswith("--") and a[2:].partition("=")[0] == opt), f"--{opt}")
+        names = [name.rstrip("=") for name in _LONG if name.startswith(opt)]
+        return f"option '{written}' is ambiguous; possibilities:" + "".join(f" '--{n}'" for n in names)
     return f"unrecognized option '--{opt}'" if long else f"invalid option -- '{opt}'"
 
 
@@ -361,7 +366,7 @@ def parse_args(argv: Sequence[str], prog: str) -> TimeoutOptions | int:
     try:
         opts, operands = getopt.getopt(list(argv), _SHORT, _LONG)
     except getopt.GetoptError as exc:
-        raise UsageError(_getopt_message(exc)) from None
+        raise UsageError(_getopt_message(exc, argv)) from None
     kill_after: float | None = None
     signum: int = signal.SIGTERM
     verbose = foreground = preserve_status = as_json = False
@@ -392,7 +397,7 @@ def parse_args(argv: Sequence[str], prog: str) -> TimeoutOptions | int:
             print(f"{prog} (trio_procown) {__version__}", flush=True)
             return 0
     if len(operands) < 2:
-        raise UsageError("missing operand" if not operands else f"missing command after {quote(operands[0])}")
+        raise UsageError("")  # GNU names nothing here: only its "Try ... --help" line
     duration = _duration(operands[0])
     return TimeoutOptions(
         command=list(operands[1:]),
