@@ -23,7 +23,7 @@ import trio
 
 import trio_procown
 from conftest import MARKER
-from trio_procown._slurm import SlurmDomain, cluster_status, limit_minutes
+from trio_procown._slurm import Answer, SlurmDomain, SlurmJobDomain, cluster_status, limit_minutes
 from trio_procown._teardown import TEARDOWN_ALLOWANCE
 
 # Set by .ci/run once its cluster is up: skipping would then hide a failure.
@@ -126,6 +126,32 @@ async def test_output_status_and_receipt_name_the_job(tag: str) -> None:
     assert "JobState=FAILED" in claims
     assert "ExitCode=3:0" in claims
     assert "accounting" in claims  # proven by sacct, or said not to be
+
+
+async def test_a_job_still_completing_after_srun_exited_is_awaited(
+    tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """srun exits when the job's step ends, and Slurm lists the job as
+    COMPLETING a moment longer: the teardown waits (within the grace it did
+    not use) for the job to end before it calls the domain empty. Before, a
+    job seen COMPLETING then gave domain_empty False with nothing of it
+    left (1 of 3 quick jobs here; it failed a fresh-clone CI run)."""
+    real = SlurmJobDomain._take_squeue
+    shown: list[str | None] = []
+
+    def completing_once(self: SlurmJobDomain, answer: Answer) -> str | None:
+        state = real(self, answer)
+        if not shown and self.leader is not None and self.leader.poll() is not None:
+            shown.append(state)
+            return self._seen("COMPLETING")
+        return state
+
+    monkeypatch.setattr(SlurmJobDomain, "_take_squeue", completing_once)
+    result = await trio_procown.run_owned(prog(tag, "print('out')"), domain=SlurmDomain(), timeout=30)
+    assert shown, "the job's state was never read after srun exited"
+    assert (result.receipt.cause, result.returncode, result.stdout) == ("exited", 0, b"out\n")
+    assert result.receipt.domain_empty
+    assert not any("NOT removed" in c for c in result.receipt.claims())
 
 
 async def test_lines_stream_before_the_job_ends(tag: str) -> None:

@@ -76,6 +76,11 @@ class Domain(abc.ABC):
     """An ownership domain for one owned command (one instance per command)."""
 
     kind: str = ""
+    # Whether the domain may still be ending after its leader exited with
+    # no member of it left in sight (a Slurm job is COMPLETING for a moment
+    # after srun exits): the teardown then awaits settle() before it calls
+    # the domain empty.
+    settles: bool = False
 
     def __init__(self) -> None:
         self.leader: Leader | None = None
@@ -210,6 +215,10 @@ class Domain(abc.ABC):
     def live_members(self, snap: list[ProcInfo] | None = None) -> list[ProcInfo]:
         members = self.members(snap)
         return [m for m in members if not m.zombie] if members else []
+
+    async def settle(self, within: float) -> None:  # noqa: B027 (a default that does nothing)
+        """Wait, at most `within` seconds, until the domain has ended after
+        its leader's exit with nothing of it left in sight (see settles)."""
 
 
 def own_group(leader: Leader) -> int:

@@ -314,6 +314,9 @@ class Teardown:
                 self._fates.watch(info)
                 self._leftovers.add(info.pid)
             event = Event.NOT_EMPTY if live else Event.ESCAPEES if escapees else Event.EMPTY
+            if event is Event.EMPTY and self._domain.settles:
+                # Nothing in sight, and no signal sent: the grace is unused.
+                await self._domain.settle(machine.budgets.grace)
             if event is Event.EMPTY:
                 self._final_table = table
             return machine.handle(event)
