@@ -66,6 +66,15 @@ def now() -> float:
     return time.perf_counter()
 
 
+def at(instant: float) -> float:
+    """Teardown time of `instant`, a moment of the run's clock that has
+    come: itself under the system clock; under a test's clock, whose
+    moments are not real ones, now."""
+    if type(trio.lowlevel.current_clock()) is _SystemClock:
+        return instant
+    return time.perf_counter()
+
+
 def scope(deadline: float, *, shield: bool = False) -> trio.CancelScope:
     """A cancel scope that is cancelled at `deadline`, teardown time: a
     plain deadline under the system clock, else the timer thread's cancel

@@ -527,10 +527,7 @@ class OwnedCommand:
             if self._stop_cause is None and teardown.requested is None:
                 # Our own deadline: the teardown counts from it, not from
                 # when this task got to run.
-                if _clock.is_real():
-                    teardown.requested = min(self._deadline, trio.current_time())
-                else:  # a test's clock: its time is not the teardown's (_clock.py)
-                    teardown.requested = _clock.now()
+                teardown.requested = _clock.at(min(self._deadline, trio.current_time()))
             teardown.step(Action.STOP, "leader", cause, at=teardown.requested)
             teardown.machine.handle(Event.STOP, cause=cause)
         self._set_phase("tearing down")

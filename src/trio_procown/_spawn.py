@@ -467,7 +467,7 @@ def spawn_steps(
             guard.close()
             raise
         started = trio.current_time()
-        origin = started if _clock.is_real() else _clock.now()
+        origin = _clock.at(started)
         try:
             own_domain.attach(leader, started)
             # Made now, not before the spawn: the command is already running.

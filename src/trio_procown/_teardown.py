@@ -121,7 +121,7 @@ class Teardown:
         # Past the deadline: when the question a scan must answer was asked
         # (a shared table begun after it answers it; see table_since).
         self._asked = -math.inf
-        # When the stop was asked for (trio time), set by the owner: the
+        # When the stop was asked for (teardown time), set by the owner: the
         # teardown's deadline counts from then, not from when its task got
         # to run (on a loaded loop that can be much later).
         self.requested: float | None = None
@@ -132,7 +132,7 @@ class Teardown:
         self._in_flight: _signaller.Job[Sent] | None = None
         # In a burst, the graceful stage's first signal, queued for the
         # signaller thread when the stop was asked for (see ask()): the
-        # action, its second stage, when it was queued (trio time) and its
+        # action, its second stage, when it was queued (teardown time) and its
         # signals.
         self._early: tuple[_signaller.Job[Sent], Callable[[Sent], Sent], float, tuple[int, ...]] | None = None
         self._deadline = math.inf  # the teardown's own (teardown time, _clock.py), once run() has begun
